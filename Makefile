@@ -1,0 +1,64 @@
+# kpro.gpu_serving — the project's commands. `make demo` runs the main job against the
+# lab; `make test` runs every test. Both set themselves up from a clean clone.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(firstword $(wildcard /root/.pyenv/versions/3.12*/bin/python3) $(shell command -v python3.12))
+VENV := .venv
+BIN := $(CURDIR)/$(VENV)/bin
+export UV_PYTHON_DOWNLOADS := never
+export PATH := $(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+COLL_LINK := .collections/ansible_collections/kpro/gpu_serving
+
+.PHONY: help setup lock units sanity lint lab-up lab-down lab-test molecule test demo build clean
+
+help:
+	@echo "make demo   - set up, bring the lab up, run the migration twice (second run changed=0), lab down"
+	@echo "make test   - set up and run every test: units, sanity, ansible-lint, lab tests, molecule"
+	@echo "make setup | lock | units | sanity | lint | lab-up | lab-down | lab-test | molecule | build"
+
+# The toolchain, pinned with hashes in requirements/dev.lock, installed with uv.
+$(VENV)/.synced: requirements/dev.lock
+	@command -v uv >/dev/null || python3 -m pip install -q "uv==$$(sed -n 's/^uv==\([^ ]*\).*/\1/p' requirements/dev.lock)"
+	@[ -x $(BIN)/python ] || uv venv -q -p "$(PYTHON)" $(VENV)
+	VIRTUAL_ENV=$(VENV) uv pip sync -q --require-hashes requirements/dev.lock
+	@touch $@
+
+$(COLL_LINK):
+	@mkdir -p $(dir $@) && ln -sfn ../../.. $@
+
+setup: $(VENV)/.synced $(COLL_LINK)
+
+lock:
+	uv pip compile requirements/dev.in --python "$(PYTHON)" --generate-hashes -q -o requirements/dev.lock
+
+units: setup
+	$(BIN)/python -m pytest -q tests/unit
+
+sanity: setup
+	tests/tools/sanity.sh
+
+lint: setup
+	$(BIN)/ansible-lint --profile production
+
+lab-up: setup
+	$(BIN)/python tests/lab/labctl.py up
+
+lab-down: setup
+	$(BIN)/python tests/lab/labctl.py down
+
+lab-test: setup
+	$(BIN)/python -m pytest -q tests/lab_tests
+
+molecule: setup
+	tests/tools/molecule.sh
+
+test: setup units sanity lint lab-test molecule
+
+build: setup
+	mkdir -p .build && ansible-galaxy collection build --force --output-path .build .
+
+clean: lab-down
+	rm -rf .build $(VENV) .collections
