@@ -5,7 +5,8 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 venv="$top/.venv"
-dest="$top/.build/sanity-${SANITY_TAG:-main}/ansible_collections/kpro/gpu_serving"
+# Outside any git work tree: inside one, ansible-test would list only that tree's tracked files.
+dest="${TMPDIR:-/tmp}/kpgs-sanity-$(printf %s "$top" | md5sum | cut -c1-8)-${SANITY_TAG:-main}/ansible_collections/kpro/gpu_serving"
 py_version=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
 # ansible-test bootstraps pip in each sanity venv with a script it downloads from a host

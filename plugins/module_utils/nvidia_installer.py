@@ -1,0 +1,187 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""NVIDIA driver (the official ``.run`` installer) on a Proxmox host or in a container.
+
+Pure functions: observe (``dkms status``, efivars; the loaded module comes from nvml.py),
+decide (:func:`plan_host`, :func:`plan_userspace`), and build the installer command
+line and the systemd units. The module ``nvidia_driver`` runs the commands.
+Facts and flags: shared/reference/proxmox_nvidia.md section 2.
+"""
+
+from __future__ import annotations
+
+import os
+
+SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
+
+# The unit that creates /dev/nvidia-uvm* (and the GPU nodes) at every boot, before PVE
+# autostarts guests: a devN entry for a missing node stops the container from starting.
+DEVICE_NODES_UNIT = "nvidia-device-nodes.service"
+PERSISTENCED_UNIT = "nvidia-persistenced.service"
+
+
+class InstallerError(Exception):
+    """An error with a name (``kind``) the operator can look up."""
+
+    def __init__(self, kind, msg):
+        super(InstallerError, self).__init__(msg)
+        self.kind = kind
+
+
+def parse_dkms_status(text):
+    """Parse ``dkms status`` lines ("nvidia/580.126.09, 6.8.12-9-pve, x86_64: installed")."""
+    entries = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line or ":" not in line:
+            continue
+        head, state = line.rsplit(":", 1)
+        parts = [p.strip() for p in head.split(",")]
+        if "/" in parts[0]:
+            module, version = parts[0].split("/", 1)
+        elif len(parts) > 1:  # old dkms: "nvidia, 580.126.09, 6.8..., x86_64: installed"
+            module, version = parts[0], parts.pop(1)
+        else:
+            continue
+        entries.append({
+            "module": module,
+            "version": version,
+            "kernel": parts[1] if len(parts) > 1 else None,
+            "arch": parts[2] if len(parts) > 2 else None,
+            "state": state.strip().split(" ")[0],
+        })
+    return entries
+
+
+def dkms_built_for(entries, version, kernel):
+    return any(e["module"] == "nvidia" and e["version"] == version and e["kernel"] == kernel
+               and e["state"] in ("installed", "built") for e in entries)
+
+
+def dkms_has_source(entries, version):
+    return any(e["module"] == "nvidia" and e["version"] == version for e in entries)
+
+
+def secure_boot_enabled(efivars_dir="/sys/firmware/efi/efivars"):
+    """True/False from the SecureBoot EFI variable (4 attribute bytes, then the value); None if not UEFI."""
+    path = os.path.join(efivars_dir, SECURE_BOOT_VAR)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except (IOError, OSError):
+        return None
+    return len(data) >= 5 and data[4] == 1
+
+
+def loaded_modules(proc_modules_text):
+    return set(line.split(" ", 1)[0] for line in (proc_modules_text or "").splitlines() if line.strip())
+
+
+def installer_args(mode, kernel_module_type="open", dkms=True, kernel_release=None,
+                   signing_key=None, signing_cert=None, extra=None):
+    """The installer's command-line flags (reference 2.1, 2.6) for ``host`` or ``userspace`` mode."""
+    args = ["--silent", "--no-x-check"]
+    if mode == "userspace":
+        # The container shares the host kernel: userspace only, nothing built or loaded.
+        args += ["--no-kernel-modules", "--no-dkms", "--no-nouveau-check"]
+    else:
+        args += ["--kernel-module-type=%s" % kernel_module_type,
+                 "--dkms" if dkms else "--no-dkms",
+                 "--disable-nouveau",
+                 # The collection regenerates the initramfs once itself (vfio_release).
+                 "--no-rebuild-initramfs"]
+        if kernel_release:
+            args.append("--kernel-name=%s" % kernel_release)
+        if signing_key and signing_cert:
+            args += ["--module-signing-secret-key=%s" % signing_key,
+                     "--module-signing-public-key=%s" % signing_cert]
+    return args + list(extra or [])
+
+
+def plan_host(version, loaded, dkms_entries, kernel_release, headers_present):
+    """Decide what the host needs.
+
+    ``loaded``: nvml.read_proc_driver_version() of the running module, or None.
+    Returns (action, reason) with action one of: none, load, rebuild_module, install.
+    """
+    if loaded and loaded["version"] == version:
+        return "none", "NVIDIA kernel module %s is loaded" % version
+    if loaded:
+        return "install", "kernel module %s is loaded, %s requested" % (loaded["version"], version)
+    if dkms_built_for(dkms_entries, version, kernel_release):
+        return "load", "module %s is built for %s but not loaded" % (version, kernel_release)
+    if dkms_has_source(dkms_entries, version):
+        # A host rebuild or kernel upgrade: the driver is installed, its module is not
+        # built for the kernel that now runs. DKMS rebuilds only the module.
+        return "rebuild_module", "driver %s is registered with DKMS but not built for kernel %s%s" % (
+            version, kernel_release, "" if headers_present else " (headers missing)")
+    return "install", "no NVIDIA driver %s on this host" % version
+
+
+def plan_userspace(host_version, nvml_version, nvml_reason):
+    """Decide for a container: (action, reason). ``nvml_version`` is what NVML reports in the container."""
+    if not host_version:
+        raise InstallerError(
+            "driver_not_loaded",
+            "/proc/driver/nvidia/version is not readable in the container: the host has no NVIDIA kernel module "
+            "loaded, or the container does not see it. Run the gpu_host stage first.")
+    if nvml_version == host_version:
+        return "none", "NVML in the container reports %s, the host's version" % host_version
+    if nvml_reason in ("library_not_found", "not_installed", "pynvml_not_installed"):
+        return "install", "no NVIDIA userspace in the container"
+    return "install", "container userspace (%s) does not match the host kernel module %s" % (
+        nvml_version or nvml_reason, host_version)
+
+
+def device_nodes_unit(gpu_count):
+    minors = " ".join("-c %d" % i for i in range(gpu_count))
+    return (
+        "# Managed by kpro.gpu_serving (nvidia_driver): create the NVIDIA device nodes at boot,\n"
+        "# before Proxmox starts guests whose devN entries need them.\n"
+        "[Unit]\n"
+        "Description=Create NVIDIA device nodes for LXC guests\n"
+        "After=local-fs.target systemd-modules-load.service\n"
+        "Before=pve-guests.service\n"
+        "\n"
+        "[Service]\n"
+        "Type=oneshot\n"
+        "RemainAfterExit=yes\n"
+        "ExecStart=/usr/bin/nvidia-modprobe %s -c 255\n"
+        "ExecStart=/usr/bin/nvidia-modprobe -u -c 0\n"
+        "ExecStart=/usr/bin/nvidia-modprobe -m\n"
+        "\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n" % minors
+    )
+
+
+def persistenced_unit():
+    return (
+        "# Managed by kpro.gpu_serving (nvidia_driver).\n"
+        "[Unit]\n"
+        "Description=NVIDIA Persistence Daemon\n"
+        "Wants=syslog.target\n"
+        "Before=pve-guests.service\n"
+        "\n"
+        "[Service]\n"
+        "Type=forking\n"
+        "ExecStart=/usr/bin/nvidia-persistenced --user root --persistence-mode\n"
+        "ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced\n"
+        "\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
+
+
+def installer_filename(version, arch="x86_64"):
+    return "NVIDIA-Linux-%s-%s.run" % (arch, version)
+
+
+def default_url(version, arch="x86_64"):
+    return "https://us.download.nvidia.com/XFree86/Linux-%s/%s/%s" % (arch, version, installer_filename(version, arch))
+
+
+def headers_packages(kernel_release):
+    """Candidates in order (reference 2.4): the exact kernel's headers, then the transitional name."""
+    return ["proxmox-headers-%s" % kernel_release, "pve-headers-%s" % kernel_release]

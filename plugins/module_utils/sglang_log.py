@@ -1,0 +1,1088 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""SGLang 0.5.x server log: parsing into events, per-launch selection, and diagnosis.
+
+Pure functions, standard library only (they run on the target's Python 3.9+).
+
+The log format and the order of the startup lines are those of SGLang 0.5.9
+(``shared/reference/sglang.md`` sections 1 and 2): SGLang's own lines are
+``[YYYY-MM-DD HH:MM:SS( TPn)] message`` (scheduler ranks carry a ``TPn`` / ``DPn TPn`` /
+``PPn`` tag), uvicorn's lines go through the same timestamp format or its own
+``INFO:     message``; exceptions are Python tracebacks, usually wrapped in
+``Scheduler hit an exception:``.
+
+The entry points for the gate are :func:`select_launch` (only this launch's part of a log)
+and :func:`diagnose` (phase, evidence, remedy, facts).
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import time
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
+
+# The diagnosis vocabulary (DESIGN.md), fixed so tools and tests agree.
+PHASES = (
+    "ready",
+    "loading",
+    "not_started",
+    "init_failed_before_gpu",
+    "weights_oom",
+    "kv_cache_oom",
+    "nccl_error",
+    "cuda_graph_failed",
+    "port_in_use",
+    "warmup_failed",
+    "degenerate_output",
+    "gpu_memory_held",
+    "version_mismatch",
+    "known_bad_version",
+    "timeout",
+)
+
+# Phases after which nothing more will happen for this launch.
+TERMINAL_PHASES = frozenset(p for p in PHASES if p not in ("loading",))
+
+LAUNCH_HEADER = "# kpro-launch-id:"
+_LAUNCH_HEADER_RE = re.compile(r"^#\s*kpro-launch-id:\s*(\S+)\s*$")
+
+# Prefixes added by log collectors in front of SGLang's own line, stripped before parsing:
+# docker compose ("sglang-1  | "), journald short format ("Mar 01 10:00:00 host python3[123]: ").
+_COMPOSE_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]+-\d+\s+\|\s?")
+_JOURNAL_PREFIX_RE = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?: ")
+
+# "[2026-03-01 10:00:05 TP0] msg", "[2026-03-01 10:00:05.123 DP0 TP1] msg", "[23:17:01 TP7] msg" (old)
+_SGL_LINE_RE = re.compile(
+    r"^\[(?P<ts>(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?)"
+    r"(?P<tags>(?: (?:DP|PP|TP|EP|CP|ATTN_CP|MOE_DP|ATTN_DP)\d+)*)\] ?(?P<msg>.*)$"
+)
+_RANK_TAG_RE = re.compile(r"(DP|PP|TP|EP|CP|ATTN_CP|MOE_DP|ATTN_DP)(\d+)")
+# uvicorn without SGLang's formatter: "INFO:     Started server process [123]"
+_UVICORN_BARE_RE = re.compile(r"^(?P<level>INFO|WARNING|ERROR|DEBUG|CRITICAL):\s+(?P<msg>.*)$")
+
+_NUM = r"(-?\d+(?:\.\d+)?)"
+
+# (kind, compiled regex) for the milestones and signatures, searched in the message part.
+_MILESTONES = [
+    ("server_args", re.compile(r"^server_args=ServerArgs\(")),
+    ("dist_begin", re.compile(r"Init torch distributed begin\.")),
+    ("dist_end", re.compile(r"Init torch distributed ends\. elapsed=" + _NUM + r" s, mem usage=" + _NUM + r" GB")),
+    ("weights_begin", re.compile(r"Load weight begin\. avail mem=" + _NUM + r" GB")),
+    ("shards", re.compile(r"(?:Loading safetensors checkpoint shards|Multi-thread loading shards):\s+(\d+)% Completed \|\s*(\d+)/(\d+)")),
+    ("weights_end", re.compile(r"Load weight end\.")),
+    ("mamba_alloc", re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)")),
+    ("kv_alloc", re.compile(r"KV Cache is allocated\. #tokens: (\d+)")),
+    ("mem_pool_end", re.compile(r"Memory pool end\. avail mem=" + _NUM + r" GB")),
+    ("graph_begin", re.compile(r"Capture (?:draft )?(?:extend )?(?:cuda|npu|cpu|xpu|hpu|musa) ?graph begin\.")),
+    ("graph_end", re.compile(r"Capture (?:draft )?(?:extend )?(?:cuda|npu|cpu|xpu|hpu|musa) ?graph end\.")),
+    ("max_total_tokens", re.compile(r"max_total_num_tokens=(\d+)")),
+    ("uvicorn_started", re.compile(r"Started server process \[(\d+)\]")),
+    ("app_startup", re.compile(r"Application startup complete\.")),
+    ("uvicorn_running", re.compile(r"Uvicorn running on (\S+)")),
+    ("ready", re.compile(r"The server is fired up and ready to roll!")),
+    ("prefill", re.compile(r"Prefill batch[.,] ")),
+    ("decode", re.compile(r"Decode batch[.,] ")),
+    ("mem_unbalanced", re.compile(r"The memory capacity is unbalanced")),
+    ("profiled_negative", re.compile(r"is larger than the profiled value (-?\d+)")),
+    # failure signatures
+    ("scheduler_exception", re.compile(r"Scheduler hit an exception")),
+    ("sigquit", re.compile(r"Received sigquit from a child process")),
+    ("scheduler_dead", re.compile(r"Rank (\d+) scheduler is dead")),
+    ("not_enough_memory", re.compile(r"Not enough memory(?: to allocate KV cache)?\. Please try to increase --mem-fraction-static"
+                                     r"|Loaded weights leave no GPU memory for the KV cache")),
+    ("pool_too_small", re.compile(r"Memory pool size is too small|max_running_request is zero")),
+    ("cuda_oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation")),
+    ("graph_failed", re.compile(r"Capture (?:cuda|npu) graph failed")),
+    ("nccl", re.compile(r"NCCL error|DistBackendError|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclInvalidUsage"
+                        r"|ncclRemoteError|NCCL WARN|Error while creating shared memory segment")),
+    ("p2p", re.compile(r"peer access is not supported between these two devices")),
+    ("bind_error", re.compile(r"error while attempting to bind on address .*address already in use|\[Errno 98\]"
+                              r"|Address already in use|Port is already in use")),
+    ("warmup_error", re.compile(r"Initialization failed\. warmup error")),
+    ("init_failed", re.compile(r"Initialization failed\. Please see the error messages above")),
+    ("watchdog", re.compile(r"Scheduler watchdog timeout|watchdog timeout")),
+    ("health_failed", re.compile(r"Health check failed")),
+    ("driver_mismatch", re.compile(r"Driver/library version mismatch|API mismatch|CUDA driver version is insufficient")),
+    ("nvidia_smi_missing", re.compile(r"nvidia-smi not found")),
+    ("argparse_error", re.compile(r"error: (?:unrecognized arguments|argument --|the following arguments are required)")),
+    ("arch_unsupported", re.compile(r"Model architectures \[.*\] are not supported|is not a registered model")),
+    ("killed", re.compile(r"^(?:Killed|已杀死)\s*$")),
+    ("traceback", re.compile(r"Traceback \(most recent call last\):")),
+]
+
+# The last line of a traceback: "RuntimeError: msg", "torch.OutOfMemoryError: msg", "Exception: msg", "KeyboardInterrupt"
+_EXC_LINE_RE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Fault)|Exception|[A-Za-z_][\w.]*\.\w+Error)"
+                          r"(?::\s?(?P<msg>.*))?$")
+
+_STAGES = ("args", "distributed_init", "weights", "kv_pool", "cuda_graph", "scheduler_ready", "http", "warmup", "serving")
+_STAGE_OF_MILESTONE = {
+    "server_args": "args",
+    "dist_begin": "distributed_init",
+    "dist_end": "distributed_init",
+    "weights_begin": "weights",
+    "shards": "weights",
+    "weights_end": "kv_pool",
+    "mamba_alloc": "kv_pool",
+    "kv_alloc": "kv_pool",
+    "mem_pool_end": "kv_pool",
+    "graph_begin": "cuda_graph",
+    "graph_end": "cuda_graph",
+    "max_total_tokens": "scheduler_ready",
+    "uvicorn_started": "http",
+    "app_startup": "http",
+    "uvicorn_running": "warmup",
+    "ready": "serving",
+    "prefill": None,
+    "decode": None,
+}
+# Milestones that only a process that has created a CUDA context can print.
+_GPU_MILESTONES = frozenset(["dist_begin", "dist_end", "weights_begin", "shards", "weights_end", "mamba_alloc", "kv_alloc",
+                             "mem_pool_end", "graph_begin", "graph_end", "max_total_tokens"])
+
+
+# --------------------------------------------------------------------------------------------
+# Per-launch selection
+# --------------------------------------------------------------------------------------------
+
+def split_launches(text):
+    """Split a log into launches delimited by ``# kpro-launch-id: <id>`` header lines.
+
+    Returns a list of ``(launch_id, text)`` in file order. Text before the first header (or a
+    whole log without headers) comes back with ``launch_id`` None.
+    """
+    if not text:
+        return []
+    parts = []
+    current_id = None
+    current = []
+    for line in text.splitlines(True):
+        m = _LAUNCH_HEADER_RE.match(line.strip("\r\n"))
+        if m:
+            if current or current_id is not None:
+                parts.append((current_id, "".join(current)))
+            current_id = m.group(1)
+            current = []
+            continue
+        current.append(line)
+    if current or current_id is not None:
+        parts.append((current_id, "".join(current)))
+    return [(lid, body) for lid, body in parts if lid is not None or body.strip()]
+
+
+def select_launch(text, launch_id=None):
+    """Return only the part of ``text`` written by one launch, or None when it is not there.
+
+    - ``launch_id`` given: the section under ``# kpro-launch-id: <launch_id>`` (the last one if
+      repeated). A log without that header is *not* this launch's: None, so a stale log can
+      never be read as the current one.
+    - ``launch_id`` None: the last launch's section, or the whole text when it has no header.
+    """
+    if text is None:
+        return None
+    parts = split_launches(text)
+    if launch_id is not None:
+        found = [body for lid, body in parts if lid == str(launch_id)]
+        return found[-1] if found else None
+    if not parts:
+        return ""
+    with_id = [body for lid, body in parts if lid is not None]
+    return with_id[-1] if with_id else parts[-1][1]
+
+
+def launch_header(launch_id):
+    """The header line our unit writes at the top of each launch's log."""
+    return "%s %s\n" % (LAUNCH_HEADER, launch_id)
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------
+
+def _strip_collector_prefix(line):
+    for rx in (_COMPOSE_PREFIX_RE, _JOURNAL_PREFIX_RE):
+        m = rx.match(line)
+        if m:
+            rest = line[m.end():]
+            # only strip when what follows looks like a log line, not e.g. a table row
+            if rest.startswith("[") or _UVICORN_BARE_RE.match(rest) or rest.startswith(" ") or rest.startswith("Traceback") \
+                    or _EXC_LINE_RE.match(rest):
+                return rest
+    return line
+
+
+def _parse_ts(ts):
+    """Seconds (float, epoch of the log's own clock) from SGLang's timestamp, None if time only."""
+    if not ts or len(ts) < 19:
+        return None
+    base = ts[:19]
+    frac = 0.0
+    if len(ts) > 20 and ts[19] in ".,":
+        try:
+            frac = float("0." + ts[20:])
+        except ValueError:
+            frac = 0.0
+    try:
+        return calendar.timegm(time.strptime(base, "%Y-%m-%d %H:%M:%S")) + frac
+    except ValueError:
+        return None
+
+
+def _gb(rx, msg):
+    m = re.search(rx, msg)
+    return float(m.group(1)) if m else None
+
+
+def _milestone_data(kind, m, msg):
+    """Numbers carried by a milestone line."""
+    data = {}
+    if kind == "dist_end":
+        data = {"elapsed_s": float(m.group(1)), "mem_usage_gb": float(m.group(2))}
+    elif kind == "weights_begin":
+        data = {"avail_mem_gb": float(m.group(1))}
+    elif kind == "shards":
+        data = {"percent": int(m.group(1)), "done": int(m.group(2)), "total": int(m.group(3))}
+    elif kind == "weights_end":
+        data = {"elapsed_s": _gb(r"elapsed=" + _NUM + r" s", msg), "avail_mem_gb": _gb(r"avail mem=" + _NUM + r" GB", msg),
+                "mem_usage_gb": _gb(r"mem usage=" + _NUM + r" GB", msg)}
+        t = re.search(r"type=(\w+)", msg)
+        if t:
+            data["type"] = t.group(1)
+        d = re.search(r"dtype=([\w.]+)", msg)
+        if d:
+            data["dtype"] = d.group(1)
+    elif kind == "mamba_alloc":
+        data = {"max_mamba_cache_size": int(m.group(1)), "conv_state_gb": _gb(r"conv_state size: " + _NUM + r"\s?GB", msg),
+                "ssm_state_gb": _gb(r"ssm_state size: " + _NUM + r"\s?GB", msg),
+                "intermediate_ssm_gb": _gb(r"intermediate_ssm_state_cache size: " + _NUM + r"\s?GB", msg)}
+    elif kind == "kv_alloc":
+        data = {"tokens": int(m.group(1)), "k_gb": _gb(r"K size: " + _NUM + r" GB", msg), "v_gb": _gb(r"V size: " + _NUM + r" GB", msg),
+                "kv_gb": _gb(r"KV size: " + _NUM + r" GB", msg)}
+    elif kind == "mem_pool_end":
+        data = {"avail_mem_gb": float(m.group(1))}
+    elif kind in ("graph_begin", "graph_end"):
+        data = {"draft": "draft" in msg.split("graph")[0], "avail_mem_gb": _gb(r"avail mem=" + _NUM + r" GB", msg),
+                "mem_usage_gb": _gb(r"mem usage=" + _NUM + r" GB", msg), "elapsed_s": _gb(r"Time elapsed: " + _NUM + r" s", msg)}
+    elif kind == "max_total_tokens":
+        data = {"max_total_num_tokens": int(m.group(1))}
+        for key in ("chunked_prefill_size", "max_prefill_tokens", "max_running_requests", "context_len"):
+            v = re.search(key + r"=(-?\d+)", msg)
+            if v:
+                data[key] = int(v.group(1))
+        data["available_gpu_mem_gb"] = _gb(r"available_gpu_mem=" + _NUM + r" GB", msg)
+    elif kind == "uvicorn_started":
+        data = {"pid": int(m.group(1))}
+    elif kind == "uvicorn_running":
+        data = {"url": m.group(1)}
+    elif kind == "scheduler_dead":
+        data = {"rank": int(m.group(1))}
+    elif kind == "profiled_negative":
+        data = {"profiled": int(m.group(1))}
+    elif kind == "server_args":
+        data = parse_server_args(msg)
+    return data
+
+
+_SA_FIELDS = {
+    "model_path": str, "served_model_name": str, "host": str, "port": int, "tp_size": int, "dp_size": int, "pp_size": int,
+    "mem_fraction_static": float, "context_length": int, "max_running_requests": int, "max_total_tokens": int,
+    "chunked_prefill_size": int, "cuda_graph_max_bs": int, "speculative_algorithm": str, "speculative_num_steps": int,
+    "speculative_eagle_topk": int, "speculative_num_draft_tokens": int, "disable_radix_cache": bool, "disable_cuda_graph": bool,
+    "enable_torch_compile": bool, "mamba_ssm_dtype": str, "max_mamba_cache_size": int, "kv_cache_dtype": str, "dtype": str,
+    "attention_backend": str, "disable_custom_all_reduce": bool, "enable_p2p_check": bool,
+}
+
+
+def parse_server_args(msg):
+    """The resolved values from the ``server_args=ServerArgs(...)`` line (the fields the diagnosis uses)."""
+    out = {}
+    for name, typ in _SA_FIELDS.items():
+        m = re.search(r"[(\s,]" + name + r"=('(?:[^'\\]|\\.)*'|\"[^\"]*\"|[^,)]+)", msg)
+        if not m:
+            continue
+        raw = m.group(1).strip()
+        if raw == "None":
+            out[name] = None
+            continue
+        if raw[:1] in "'\"":
+            raw = raw[1:-1]
+        try:
+            if typ is bool:
+                out[name] = raw == "True"
+            elif typ is int:
+                out[name] = int(raw)
+            elif typ is float:
+                out[name] = float(raw)
+            else:
+                out[name] = raw
+        except ValueError:
+            out[name] = raw
+    return out
+
+
+def parse_line(raw, index=0):
+    """One log line -> dict(index, line, ts, time, rank, tags, source, msg)."""
+    line = _strip_collector_prefix(raw.rstrip("\r\n"))
+    ev = {"index": index, "line": raw.rstrip("\r\n"), "ts": None, "time": None, "rank": None, "tags": {}, "source": "raw", "msg": line}
+    m = _SGL_LINE_RE.match(line)
+    if m:
+        ev["ts"] = m.group("ts")
+        ev["time"] = _parse_ts(m.group("ts"))
+        tags = dict((k, int(v)) for k, v in _RANK_TAG_RE.findall(m.group("tags") or ""))
+        ev["tags"] = tags
+        ev["rank"] = tags.get("TP")
+        msg = m.group("msg")
+        ev["source"] = "sglang" if tags else "main"
+        u = _UVICORN_BARE_RE.match(msg)
+        if u:
+            ev["source"] = "uvicorn"
+            ev["level"] = u.group("level")
+            msg = u.group("msg")
+        ev["msg"] = msg
+        return ev
+    u = _UVICORN_BARE_RE.match(line)
+    if u:
+        ev["source"] = "uvicorn"
+        ev["level"] = u.group("level")
+        ev["msg"] = u.group("msg")
+    return ev
+
+
+def _classify(ev):
+    kinds = []
+    msg = ev["msg"]
+    for kind, rx in _MILESTONES:
+        m = rx.search(msg)
+        if m:
+            kinds.append((kind, m))
+    return kinds
+
+
+def _new_tb(index, rank):
+    return {"start": index, "end": index, "rank": rank, "frames": [], "exception": None, "exception_type": None,
+            "exception_msg": None, "exceptions": [], "tail": [], "chained": False}
+
+
+def parse_log(text):
+    """Parse a log (one launch) into events.
+
+    Returns a dict:
+      lines: all lines (list of str), events: list of event dicts (every line that matched a
+      milestone or signature: ``kind``, ``data``, plus the fields of :func:`parse_line`),
+      tracebacks: list of dict(start, end, rank, frames (last few), exception, exception_type,
+      exception_msg, text), milestones: {kind: [events]} in order.
+    """
+    lines = text.splitlines() if text else []
+    events = []
+    milestones = {}
+    tracebacks = []
+    tb = None
+    last_rank = None
+    for i, raw in enumerate(lines):
+        if raw.startswith("#"):
+            # our unit's header ("# kpro-launch-id: ...") and comments: not SGLang output
+            tb = None
+            continue
+        ev = parse_line(raw, i)
+        if ev["rank"] is not None:
+            last_rank = ev["rank"]
+        msg = ev["msg"]
+        if tb is None and ev["ts"] is None and msg.strip().startswith("File \""):
+            # a traceback whose header line is not in the text (an excerpt, or a log cut at the start)
+            tb = _new_tb(i, None)
+            tracebacks.append(tb)
+        # traceback collection: frames are indented, the exception line is not
+        if tb is not None:
+            stripped = msg.strip()
+            prev_frame = bool(tb["frames"]) and tb.get("last_was_frame")
+            tb["last_was_frame"] = False
+            if ev["ts"] is None and not tb.get("exception") and (stripped.startswith("File \"") or (prev_frame and not _EXC_LINE_RE.match(stripped))):
+                # a frame, or the code line under it; copies pasted into issues often lose the indentation
+                if stripped.startswith("File \""):
+                    tb["frames"].append(stripped)
+                    tb["last_was_frame"] = True
+                tb["end"] = i
+                continue
+            if ev["ts"] is None and (msg.startswith(" ") or msg.startswith("\t") or stripped.startswith("^") or stripped == ""):
+                if stripped.startswith("File "):
+                    tb["frames"].append(stripped)
+                tb["end"] = i
+                if stripped == "" and tb.get("exception"):
+                    tb = None
+                continue
+            if ev["ts"] is None and (stripped.startswith("During handling of the above exception")
+                                     or stripped.startswith("The above exception was the direct cause")):
+                tb["chained"] = True
+                tb["end"] = i
+                continue
+            em = _EXC_LINE_RE.match(stripped) if ev["ts"] is None else None
+            if em:
+                tb["exception"] = stripped
+                tb["exception_type"] = em.group("type")
+                tb["exception_msg"] = (em.group("msg") or "").strip()
+                tb["exceptions"].append(stripped)
+                tb["end"] = i
+                # the message of an exception may continue on following unindented lines
+                # (SGLang's "Possible solutions:" list); keep the traceback open until a
+                # timestamped line or a blank line.
+                tb["open_tail"] = True
+            elif tb.get("open_tail") and ev["ts"] is None and not stripped.startswith("Traceback"):
+                tb["tail"].append(stripped)
+                tb["end"] = i
+            else:
+                tb = None
+        for kind, m in _classify(ev):
+            if kind == "traceback":
+                tb = _new_tb(i, ev["rank"])
+                tracebacks.append(tb)
+            e = dict(ev)
+            e["kind"] = kind
+            e["data"] = _milestone_data(kind, m, msg)
+            events.append(e)
+            milestones.setdefault(kind, []).append(e)
+    for t in tracebacks:
+        t["text"] = "\n".join(lines[t["start"]:t["end"] + 1])
+        t.pop("open_tail", None)
+        t.pop("last_was_frame", None)
+    # a traceback whose header line has no rank (continuation of a "Scheduler hit an exception:" line
+    # that has one) inherits nothing; the rank of its first line is already set when present.
+    return {"lines": lines, "events": events, "tracebacks": tracebacks, "milestones": milestones, "last_rank": last_rank}
+
+
+# --------------------------------------------------------------------------------------------
+# Facts
+# --------------------------------------------------------------------------------------------
+
+def _first(ms, kind):
+    lst = ms.get(kind) or []
+    return lst[0] if lst else None
+
+
+def _last(ms, kind):
+    lst = ms.get(kind) or []
+    return lst[-1] if lst else None
+
+
+def _target_events(ms, kind):
+    """Events of the target model runner (the draft worker's ModelRunner repeats some lines later)."""
+    return [e for e in ms.get(kind) or [] if not e["data"].get("draft")]
+
+
+def extract_facts(parsed):
+    """Numbers from the log: KV tokens, weights per rank, memory after load, timings, the resolved server args."""
+    ms = parsed["milestones"]
+    facts = {}
+    sa = _first(ms, "server_args")
+    if sa:
+        facts["server_args"] = sa["data"]
+    ranks = sorted(set(e["rank"] for e in parsed["events"] if e["rank"] is not None))
+    facts["ranks_seen"] = ranks
+    # weights: the first "Load weight end" per rank is the target model, a later one the draft
+    we_by_rank = {}
+    for e in ms.get("weights_end") or []:
+        we_by_rank.setdefault(e["rank"], []).append(e)
+    usages = [v[0]["data"].get("mem_usage_gb") for v in we_by_rank.values() if v[0]["data"].get("mem_usage_gb") is not None]
+    if usages:
+        facts["weights_gib"] = max(usages)
+    avails = [v[0]["data"].get("avail_mem_gb") for v in we_by_rank.values() if v[0]["data"].get("avail_mem_gb") is not None]
+    if avails:
+        facts["avail_after_weights_gib"] = min(avails)
+    drafts = [v[1]["data"].get("mem_usage_gb") for v in we_by_rank.values() if len(v) > 1 and v[1]["data"].get("mem_usage_gb") is not None]
+    if drafts:
+        facts["draft_weights_gib"] = max(drafts)
+    for e in we_by_rank.values():
+        if e[0]["data"].get("type"):
+            facts["model_type"] = e[0]["data"]["type"]
+            break
+    wb_by_rank = {}
+    for e in ms.get("weights_begin") or []:
+        wb_by_rank.setdefault(e["rank"], e["data"]["avail_mem_gb"])
+    if wb_by_rank:
+        facts["avail_before_weights_gib"] = min(wb_by_rank.values())
+    kv_by_rank = {}
+    for e in ms.get("kv_alloc") or []:
+        kv_by_rank.setdefault(e["rank"], []).append(e)
+    kv = [v[0]["data"]["tokens"] for v in kv_by_rank.values()]
+    if kv:
+        facts["kv_tokens"] = min(kv)
+        first = list(kv_by_rank.values())[0][0]["data"]
+        if first.get("k_gb") is not None and first.get("v_gb") is not None:
+            facts["kv_cache_gib"] = round(first["k_gb"] + first["v_gb"], 2)
+        elif first.get("kv_gb") is not None:
+            facts["kv_cache_gib"] = first["kv_gb"]
+    mam = _first(ms, "mamba_alloc")
+    if mam:
+        facts["max_mamba_cache_size"] = mam["data"]["max_mamba_cache_size"]
+        facts["mamba_state_gib"] = round(sum(mam["data"].get(k) or 0.0 for k in ("conv_state_gb", "ssm_state_gb", "intermediate_ssm_gb")), 2)
+    mt = _first(ms, "max_total_tokens")
+    if mt:
+        for k in ("max_total_num_tokens", "max_running_requests", "context_len", "chunked_prefill_size"):
+            if k in mt["data"]:
+                facts[k] = mt["data"][k]
+    sh = _last(ms, "shards")
+    if sh:
+        facts["shards_loaded"] = "%d/%d" % (sh["data"]["done"], sh["data"]["total"])
+    times = [e["time"] for e in parsed["events"] if e["time"] is not None]
+    all_times = [t for t in (parse_line(line)["time"] for line in parsed["lines"][:50]) if t is not None]
+    t0 = all_times[0] if all_times else (times[0] if times else None)
+    rd = _first(ms, "ready")
+    if rd and rd["time"] is not None and t0 is not None:
+        facts["time_to_ready_s"] = round(rd["time"] - t0, 1)
+    wbe, wee = _first(ms, "weights_begin"), _first(ms, "weights_end")
+    if wee and wee["data"].get("elapsed_s") is not None:
+        facts["load_weights_s"] = wee["data"]["elapsed_s"]
+    elif wbe and wee and wbe["time"] is not None and wee["time"] is not None:
+        facts["load_weights_s"] = round(wee["time"] - wbe["time"], 1)
+    if _first(ms, "graph_begin") and any(e["data"].get("draft") for e in ms.get("graph_begin") or []):
+        facts["speculative"] = True
+    elif sa and sa["data"].get("speculative_algorithm"):
+        facts["speculative"] = True
+    last = last_milestone(parsed)
+    if last:
+        facts["last_milestone"] = last["kind"]
+        facts["last_milestone_line"] = last["line"] if len(last["line"]) <= 300 else last["line"][:300] + "..."
+    facts["stage"] = stage_reached(parsed)
+    facts["gpu_touched_per_log"] = any(k in ms for k in _GPU_MILESTONES)
+    facts["log_lines"] = len(parsed["lines"])
+    if times:
+        facts["last_log_time"] = times[-1]
+    return facts
+
+
+def last_milestone(parsed):
+    """The last startup milestone (not a runtime batch line, not an error)."""
+    best = None
+    for e in parsed["events"]:
+        if e["kind"] in _STAGE_OF_MILESTONE and _STAGE_OF_MILESTONE[e["kind"]] is not None:
+            best = e
+    return best
+
+
+def stage_reached(parsed):
+    """Where startup got to: one of args, distributed_init, weights, kv_pool, cuda_graph, scheduler_ready, http, warmup, serving."""
+    reached = 0
+    for e in parsed["events"]:
+        st = _STAGE_OF_MILESTONE.get(e["kind"])
+        if st is not None:
+            reached = max(reached, _STAGES.index(st))
+    if reached == 0 and not parsed["milestones"].get("server_args"):
+        return "args"
+    # a weights_end of the target means we are past weights; an error right after shows kv_pool
+    return _STAGES[reached]
+
+
+# --------------------------------------------------------------------------------------------
+# Diagnosis
+# --------------------------------------------------------------------------------------------
+
+def _fmt_gib(v):
+    return "%.2f GiB" % v if v is not None else "?"
+
+
+def _evidence(parsed, extra_events=(), tb=None, max_lines=25):
+    """Log lines of this launch that show what happened: the milestones reached, the error lines,
+    and the traceback's last frames + exception."""
+    idx = set()
+    ms = parsed["milestones"]
+    for kind in ("server_args", "dist_begin", "weights_begin", "weights_end", "mamba_alloc", "kv_alloc", "graph_begin",
+                 "max_total_tokens", "app_startup", "uvicorn_running", "ready"):
+        e = _first(ms, kind)
+        if e:
+            idx.add(e["index"])
+    lm = last_milestone(parsed)
+    if lm:
+        idx.add(lm["index"])
+    for e in extra_events:
+        idx.add(e["index"])
+    lines = parsed["lines"]
+    if tb:
+        idx.add(tb["start"])
+        # last frames and the exception line(s)
+        tail_start = max(tb["start"], tb["end"] - 6)
+        for i in range(tail_start, tb["end"] + 1):
+            idx.add(i)
+    out = []
+    for i in sorted(idx):
+        line = lines[i]
+        if len(line) > 400:
+            line = line[:400] + "... (%d chars)" % len(lines[i])
+        out.append(line)
+    if len(out) > max_lines:
+        out = out[:5] + ["..."] + out[-(max_lines - 6):]
+    return out
+
+
+def _pick_traceback(parsed, predicate=None):
+    for tb in parsed["tracebacks"]:
+        if predicate is None or predicate(tb):
+            return tb
+    return None
+
+
+def _tb_exception(tb):
+    if not tb:
+        return None
+    if tb.get("exceptions"):
+        exc = tb["exceptions"][-1]
+        if tb.get("tail"):
+            exc = exc + " " + " ".join(tb["tail"][:6])
+        return exc
+    return None
+
+
+def _at_baseline(gpu_used_mib, gpu_baseline_mib, tolerance_mib=256):
+    """True when every GPU's used memory is at its baseline (within tolerance), None when unknown."""
+    if gpu_used_mib is None:
+        return None
+    used = list(gpu_used_mib)
+    if not used:
+        return None
+    base = list(gpu_baseline_mib) if gpu_baseline_mib is not None else [0] * len(used)
+    if len(base) < len(used):
+        base = base + [0] * (len(used) - len(base))
+    return all(float(u) <= float(b) + tolerance_mib for u, b in zip(used, base))
+
+
+def _sa(facts, key, default=None):
+    return (facts.get("server_args") or {}).get(key, default)
+
+
+def _remedy_kv(facts, plan):
+    mf = _sa(facts, "mem_fraction_static")
+    ctx = _sa(facts, "context_length") or facts.get("context_len")
+    mrr = _sa(facts, "max_running_requests")
+    spec = _sa(facts, "speculative_algorithm")
+    parts = []
+    if plan and plan.get("remedy"):
+        parts.append(plan["remedy"])
+    nums = []
+    if facts.get("weights_gib") is not None:
+        nums.append("weights %s per GPU" % _fmt_gib(facts["weights_gib"]))
+    if facts.get("avail_after_weights_gib") is not None:
+        nums.append("%s free after loading" % _fmt_gib(facts["avail_after_weights_gib"]))
+    if facts.get("avail_before_weights_gib") is not None and mf is not None:
+        nums.append("reserve (1 - mem_fraction_static) x %s = %s" % (
+            _fmt_gib(facts["avail_before_weights_gib"]), _fmt_gib(facts["avail_before_weights_gib"] * (1 - mf))))
+    lever = []
+    if spec:
+        lever.append("lower --max-running-requests (now %s; with speculative decoding SGLang 0.5.9 defaults it to 48 and reserves "
+                     "mamba state x requests x draft tokens out of the KV budget), e.g. 8" % (mrr if mrr is not None else "48"))
+        lever.append("or lower --speculative-num-draft-tokens / --speculative-num-steps")
+    lever.append("lower --context-length (now %s)" % (ctx if ctx is not None else "the model's default"))
+    if mf is not None:
+        lever.append("raise --mem-fraction-static (now %s, e.g. %s; it must stay below what CUDA graphs and activations need)" % (
+            mf, round(min(0.95, mf + 0.03), 2)))
+    else:
+        lever.append("raise --mem-fraction-static (e.g. 0.88)")
+    lever.append("use --mamba-ssm-dtype bfloat16 for hybrid models (halves the GDN state)")
+    if spec:
+        lever.append("or disable speculative decoding (drop --speculative-algorithm %s)" % spec)
+    text = "The KV-cache pool does not fit"
+    if nums:
+        text += " (%s)" % ", ".join(nums)
+    text += ": " + "; ".join(lever) + "."
+    parts.append(text)
+    return " ".join(parts)
+
+
+def _remedy_weights(facts, exc, plan):
+    tp = _sa(facts, "tp_size")
+    others = re.findall(r"Process (\d+) has ([\d.]+ [GM]iB) memory in use", exc or "")
+    text = ("CUDA ran out of memory while loading the weights"
+            + (" (%s free before loading)" % _fmt_gib(facts["avail_before_weights_gib"]) if facts.get("avail_before_weights_gib") is not None else "")
+            + ": the weights per GPU do not fit. Make sure nothing else holds GPU memory")
+    if others:
+        text += " (the error names other processes: %s; inside LXC these are host PIDs)" % ", ".join("PID %s %s" % o for o in others)
+    text += ", raise --tp-size (now %s) or use a quantized checkpoint (--quantization fp8)." % (tp if tp is not None else "1")
+    if plan and plan.get("per_gpu", {}).get("weights_mib"):
+        text += " Planned weights per GPU: %d MiB." % plan["per_gpu"]["weights_mib"]
+    return text
+
+
+def _remedy_graph(facts):
+    mf = _sa(facts, "mem_fraction_static")
+    bs = _sa(facts, "cuda_graph_max_bs")
+    suggested = round(max(0.5, (mf or 0.85) - 0.05), 2)
+    return ("CUDA graph capture failed: set --mem-fraction-static to a smaller value (now %s, e.g. %s) so more memory is left for "
+            "graphs and activations, set --cuda-graph-max-bs smaller (now %s, e.g. 16), drop --enable-torch-compile, or as a last "
+            "resort --disable-cuda-graph." % (mf if mf is not None else "?", suggested, bs if bs is not None else "default"))
+
+
+def _remedy_nccl(exc, p2p):
+    if p2p:
+        return ("GPU peer-to-peer access is not available (IOMMU/ACS under Proxmox, or PCIe topology): pass "
+                "--disable-custom-all-reduce (or --enable-p2p-check) and, if NCCL still fails, NCCL_P2P_DISABLE=1.")
+    return ("NCCL failed during distributed init (%s). In a container this is usually a small /dev/shm: give the container a "
+            "tmpfs /dev/shm of several GB; also try --disable-custom-all-reduce, NCCL_P2P_DISABLE=1, and rerun with "
+            "NCCL_DEBUG=INFO for the detail." % (exc or "NCCL error"))
+
+
+def _remedy_before_gpu(exc, parsed):
+    hint = ""
+    ms = parsed["milestones"]
+    if "argparse_error" in ms:
+        hint = " It is an argument error: fix the flag in the unit's ExecStart (server options dict)."
+    elif "nvidia_smi_missing" in ms:
+        hint = " nvidia-smi is missing in the container: install the driver userspace (nvidia_driver mode=userspace)."
+    elif "driver_mismatch" in ms:
+        hint = " The NVIDIA userspace does not match the kernel module."
+    elif exc and re.search(r"ValueError|AssertionError", exc):
+        hint = " It is a validation error of the server arguments: change the option it names."
+    elif exc and re.search(r"OSError|ConnectionError|HTTPError|LocalEntryNotFoundError|RepositoryNotFoundError|HFValidationError", exc):
+        hint = " The model/tokenizer files could not be read: point --model-path at the local snapshot (HF_HUB_OFFLINE=1)."
+    return ("The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.' in this "
+            "launch's log): %s.%s" % (exc or "no exception in the log; see the unit's journal for the exit", hint))
+
+
+def _progress(parsed, facts, stalled_s, gpu_used_mib, gpu_baseline_mib):
+    return {"stage": facts.get("stage"), "last_milestone": facts.get("last_milestone"), "stalled_s": stalled_s,
+            "gpu_above_baseline": (not _at_baseline(gpu_used_mib, gpu_baseline_mib)) if gpu_used_mib is not None else None}
+
+
+def diagnose(log_text, gpu_used_mib=None, gpu_baseline_mib=None, exit_status=None, process_alive=None, planned_weights_mib=None,
+             http=None, probe=None, launch_id=None, elapsed_s=None, timeout_s=None, stalled_s=None, foreign_processes=None,
+             driver=None, compat=None, plan=None):
+    """Name the phase of one launch of the SGLang server, with evidence and remedy.
+
+    Arguments (all optional except ``log_text``):
+      log_text: the log of *this* launch (None: no log at all). With ``launch_id`` the text is first
+        narrowed with :func:`select_launch`; a log without that launch's header counts as no log.
+      gpu_used_mib / gpu_baseline_mib: per-GPU NVML memory.used now and before the launch.
+      exit_status: the main process's exit code (137 / -9 = SIGKILL, what a failed startup ends with);
+        None while running or unknown.
+      process_alive: whether the main process (or the unit) is alive.
+      planned_weights_mib: the plan's weights per GPU; readiness requires every GPU to hold at least 90 %.
+      http: dict(health=<status or None when refused>, models=[ids], expected_model=<id>).
+      probe: dict(text=<smoke completion>, speculative=<bool>) or dict(degenerate=<bool>, reason=...).
+      elapsed_s / timeout_s / stalled_s: time since launch, the budget, seconds since log or memory last advanced.
+      foreign_processes: list of dict(pid, name, used_mib, ours) holding GPU memory before the launch.
+      driver: dict(kernel=<version>, library=<version>) from /proc/driver/nvidia/version and NVML.
+      compat: the result of compat.check() (action refuse -> known_bad_version).
+      plan: the result of sglang_plan.plan(), used for numbers in remedies.
+
+    Returns dict(phase, evidence: [str], remedy: str, facts: dict).
+    """
+    facts = {}
+    evidence = []
+
+    # ---- before launch: the things the gate checks first -----------------------------------
+    if compat and compat.get("action") == "refuse":
+        return _result("known_bad_version", [compat.get("message", "")] + [r.get("reason", "") for r in compat.get("rules", [])],
+                       compat.get("remedy") or compat.get("message", ""), {"compat": compat})
+    if driver and driver.get("kernel") and driver.get("library") and str(driver["kernel"]) != str(driver["library"]):
+        return _result("version_mismatch", ["kernel module %s, userspace library %s" % (driver["kernel"], driver["library"])],
+                       "Install the NVIDIA userspace of exactly version %s (the host's kernel module) in the container with "
+                       "--no-kernel-modules (kpro.gpu_serving.nvidia_driver mode=userspace)." % driver["kernel"],
+                       {"driver": driver})
+    foreign = [p for p in (foreign_processes or []) if not p.get("ours")]
+    if foreign:
+        ev = ["PID %s %s holds %s MiB on GPU %s" % (p.get("pid"), p.get("name") or "?", p.get("used_mib", "?"), p.get("gpu", "?"))
+              for p in foreign]
+        return _result("gpu_memory_held", ev,
+                       "GPU memory is held by processes that are not this unit's: stop them (or wait until NVML shows the memory "
+                       "released); only processes of our own unit are ended automatically, never by name.",
+                       {"foreign_processes": foreign})
+
+    # ---- this launch's log ---------------------------------------------------------------
+    text = select_launch(log_text, launch_id) if log_text is not None else None
+    if text is None or not text.strip():
+        facts.update({"log_lines": 0, "launch_id": launch_id, "exit_status": exit_status})
+        if process_alive:
+            return _result("loading", ["no log lines yet for this launch"], "Wait: the process is alive and has not logged yet.", facts)
+        return _result("not_started", ["no log for this launch" if text is None else "the log of this launch is empty"],
+                       "The server did not start: check the unit (systemctl status, journalctl -u) and its ExecStart; "
+                       "the log of this launch has no lines.", facts)
+
+    parsed = parse_log(text)
+    facts.update(extract_facts(parsed))
+    facts["exit_status"] = exit_status
+    if gpu_used_mib is not None:
+        facts["gpu_used_mib"] = list(gpu_used_mib)
+    if gpu_baseline_mib is not None:
+        facts["gpu_baseline_mib"] = list(gpu_baseline_mib)
+    ms = parsed["milestones"]
+    exited = (process_alive is False) or (exit_status is not None)
+    alive = process_alive if process_alive is not None else (None if exit_status is None else False)
+    ready_line = _first(ms, "ready")
+
+    # ---- failure signatures, in the order they occur in a startup -------------------------
+    tb_oom = _pick_traceback(parsed, lambda t: any(re.search(r"out of memory|OutOfMemoryError", x) for x in t["exceptions"] + t["tail"]))
+    if "driver_mismatch" in ms:
+        e = ms["driver_mismatch"][0]
+        return _result("version_mismatch", _evidence(parsed, [e]),
+                       "The NVIDIA userspace in the container does not match the host's kernel module: install the same version "
+                       "with --no-kernel-modules (kpro.gpu_serving.nvidia_driver mode=userspace).", facts)
+
+    if "nccl" in ms or "p2p" in ms:
+        e = (ms.get("nccl") or ms.get("p2p"))[0]
+        tb = _pick_traceback(parsed, lambda t: any(re.search(r"NCCL|nccl|peer access|DistBackend", x) for x in t["exceptions"]))
+        exc = _tb_exception(tb) or e["msg"]
+        # NCCL warnings alone (NCCL_DEBUG=INFO/WARN output) are not fatal while the server goes on
+        hard = [x for x in (ms.get("nccl") or []) + (ms.get("p2p") or []) if "NCCL WARN" not in x["msg"]]
+        if exited or tb or (hard and not ready_line):
+            facts["exception"] = exc
+            return _result("nccl_error", _evidence(parsed, [e], tb), _remedy_nccl(exc, "p2p" in ms), facts)
+
+    if "graph_failed" in ms:
+        e = ms["graph_failed"][0]
+        tb = _pick_traceback(parsed, lambda t: any("graph failed" in x for x in t["exceptions"]))
+        facts["exception"] = _tb_exception(tb) or e["msg"]
+        return _result("cuda_graph_failed", _evidence(parsed, [e], tb), _remedy_graph(facts), facts)
+
+    negative = [e for e in ms.get("profiled_negative") or [] if e["data"].get("profiled", 1) <= 0]
+    if "not_enough_memory" in ms or "pool_too_small" in ms or negative:
+        e = (ms.get("not_enough_memory") or ms.get("pool_too_small") or negative)[0]
+        tb = _pick_traceback(parsed, lambda t: any(re.search(r"Not enough memory|pool size is too small|max_running_request is zero|"
+                                                             r"no GPU memory for the KV cache", x) for x in t["exceptions"]))
+        mfm = re.search(r"mem_fraction_static=([\d.]+)", e["msg"] + " " + (_tb_exception(tb) or ""))
+        if mfm and "server_args" not in facts:
+            facts["server_args"] = {"mem_fraction_static": float(mfm.group(1))}
+        facts["exception"] = _tb_exception(tb) or e["msg"]
+        extra = [e] + (ms.get("profiled_negative") or [])[:1]
+        return _result("kv_cache_oom", _evidence(parsed, extra, tb), _remedy_kv(facts, plan), facts)
+
+    if tb_oom or "cuda_oom" in ms:
+        e = ms["cuda_oom"][0] if "cuda_oom" in ms else None
+        exc = _tb_exception(tb_oom) or (e["msg"] if e else "CUDA out of memory")
+        facts["exception"] = exc
+        oom_index = tb_oom["start"] if tb_oom else e["index"]
+        where = _stage_from_frames(tb_oom) or _stage_at(parsed, oom_index)
+        facts["oom_stage"] = where
+        extra = [e] if e else []
+        if _in_draft(parsed, oom_index) and where in ("weights", "kv_pool", "cuda_graph", "distributed_init"):
+            facts["oom_in_draft_model"] = True
+            return _result("kv_cache_oom", _evidence(parsed, extra, tb_oom),
+                           "CUDA ran out of memory while setting up the speculative draft model, which SGLang allocates from the "
+                           "(1 - mem_fraction_static) reserve after the target's KV pool: lower --mem-fraction-static (now %s, e.g. %s) "
+                           "so the reserve grows, or lower --max-running-requests / --context-length, or disable speculative "
+                           "decoding." % (_sa(facts, "mem_fraction_static", "?"),
+                                          round(max(0.5, (_sa(facts, "mem_fraction_static") or 0.88) - 0.03), 2)), facts)
+        if where in ("cuda_graph",):
+            return _result("cuda_graph_failed", _evidence(parsed, extra, tb_oom), _remedy_graph(facts), facts)
+        if where in ("weights", "distributed_init", "args"):
+            return _result("weights_oom", _evidence(parsed, extra, tb_oom), _remedy_weights(facts, exc, plan), facts)
+        if where == "kv_pool":
+            return _result("kv_cache_oom", _evidence(parsed, extra, tb_oom), _remedy_kv(facts, plan), facts)
+        if where in ("warmup", "http", "scheduler_ready"):
+            return _result("warmup_failed", _evidence(parsed, extra, tb_oom),
+                           "The server ran out of GPU memory on its first requests: lower --mem-fraction-static (now %s) to leave "
+                           "more for activations, or lower --chunked-prefill-size / --max-running-requests."
+                           % _sa(facts, "mem_fraction_static", "?"), facts)
+        # after ready: a runtime OOM during the gate's own probe
+        return _result("warmup_failed", _evidence(parsed, extra, tb_oom),
+                       "The server became ready and then ran out of GPU memory on a request: lower --mem-fraction-static, "
+                       "--chunked-prefill-size or --max-running-requests.", facts)
+
+    if "bind_error" in ms:
+        e = ms["bind_error"][0]
+        facts["exception"] = e["msg"]
+        port = _sa(facts, "port")
+        if _stage_at(parsed, e["index"]) == "distributed_init":
+            return _result("port_in_use", _evidence(parsed, [e]),
+                           "A port of the distributed init is in use (%s): pass a free --nccl-port (or --dist-init-addr), or stop "
+                           "what listens there (a leftover server of an earlier launch?)." % e["msg"][:200], facts)
+        return _result("port_in_use", _evidence(parsed, [e]),
+                       "The HTTP port%s is already in use; SGLang only finds out after the whole model load. Free the port (find "
+                       "the listener with ss -ltnp) or choose another --port, and check the port before launching."
+                       % ((" %s" % port) if port else ""), facts)
+
+    if "warmup_error" in ms:
+        e = ms["warmup_error"][0]
+        tb = _pick_traceback(parsed, lambda t: t["start"] >= e["index"] - 1)
+        facts["exception"] = _tb_exception(tb) or e["msg"]
+        return _result("warmup_failed", _evidence(parsed, [e], tb),
+                       "SGLang's warmup request failed after the HTTP server started (%s). Look at the exception; for a VLM the "
+                       "warmup sends an image (--disable-fast-image-processor keeps image preprocessing off GPU 0); a 502/503 from a "
+                       "proxy means NO_PROXY must include 127.0.0.1." % facts["exception"], facts)
+
+    # any other exception in this launch
+    tb_any = parsed["tracebacks"][0] if parsed["tracebacks"] else None
+    fatal = exited or "sigquit" in ms or "scheduler_dead" in ms or "init_failed" in ms or "scheduler_exception" in ms
+    if tb_any is not None and fatal:
+        exc = _tb_exception(tb_any)
+        facts["exception"] = exc
+        where = _stage_from_frames(tb_any) or _stage_at(parsed, tb_any["start"])
+        facts["failed_stage"] = where
+        ev = _evidence(parsed, (ms.get("scheduler_exception") or [])[:1] + (ms.get("sigquit") or [])[:1], tb_any)
+        if not facts["gpu_touched_per_log"] and where == "args":
+            return _result("init_failed_before_gpu", ev + _gpu_evidence(gpu_used_mib, gpu_baseline_mib, exit_status),
+                           _remedy_before_gpu(exc, parsed), facts)
+        if where == "distributed_init":
+            return _result("nccl_error", ev, _remedy_nccl(exc, False), facts)
+        if where == "cuda_graph":
+            return _result("cuda_graph_failed", ev, _remedy_graph(facts), facts)
+        if where in ("http", "warmup", "serving"):
+            return _result("warmup_failed", ev, "The server failed after its HTTP server started: %s." % exc, facts)
+        # weights / kv_pool / scheduler_ready, an exception that is not a known signature
+        facts["unclassified"] = True
+        return _result("init_failed_before_gpu" if where == "args" else _unclassified_phase(where), ev,
+                       "The server failed during %s with an exception that is not a memory, NCCL or graph error: %s. "
+                       "Fix what it names (model files, architecture support, flags)." % (where.replace("_", " "), exc), facts)
+
+    if exited and not ready_line:
+        # exited without a traceback
+        facts["failed_stage"] = facts["stage"]
+        ev = _evidence(parsed, (ms.get("killed") or [])[:1] + (ms.get("scheduler_dead") or [])[:1] + (ms.get("sigquit") or [])[:1])
+        if not facts["gpu_touched_per_log"]:
+            return _result("init_failed_before_gpu", ev + parsed["lines"][-3:] + _gpu_evidence(gpu_used_mib, gpu_baseline_mib, exit_status),
+                           _remedy_before_gpu(None, parsed) + " Exit status: %s." % exit_status, facts)
+        if exit_status in (137, -9) or "killed" in ms:
+            hint = " It was SIGKILLed (exit %s): SGLang kills its own tree when a child fails, and the kernel's OOM killer " \
+                   "does the same when host RAM runs out (check dmesg / journalctl -k)." % exit_status
+        else:
+            hint = " Exit status %s." % exit_status
+        if facts["stage"] == "weights":
+            return _result("weights_oom", ev, "The server died while loading the weights without a Python error." + hint
+                           + " Loading with too little host RAM or GPU memory: check memory.", facts)
+        return _result(_unclassified_phase(facts["stage"]), ev,
+                       "The server exited during %s without an exception in the log.%s" % (facts["stage"].replace("_", " "), hint),
+                       facts)
+
+    # ---- alive (or unknown): ready / degenerate / loading / timeout ------------------------
+    health = (http or {}).get("health")
+    models = (http or {}).get("models")
+    expected = (http or {}).get("expected_model")
+    http_ready = health == 200 and (expected is None or models is None or expected in models)
+    if http is not None and health == 200 and expected is not None and models is not None and expected not in models:
+        facts["models"] = models
+    if exited and ready_line:
+        ev = _evidence(parsed, [ready_line])
+        return _result("warmup_failed", ev + parsed["lines"][-3:],
+                       "The server was ready and then exited (exit status %s) without an exception in the log: check the unit's "
+                       "journal and dmesg (OOM killer)." % exit_status, facts)
+    is_ready = bool(ready_line) or http_ready
+    if http is not None and health is not None and health != 200:
+        is_ready = False
+    if is_ready and planned_weights_mib and gpu_used_mib:
+        low = [i for i, u in enumerate(gpu_used_mib) if float(u) < 0.9 * float(planned_weights_mib)]
+        if low:
+            facts["gpus_below_planned_weights"] = low
+            is_ready = False
+    if is_ready:
+        if probe is not None:
+            deg = probe.get("degenerate")
+            reason = probe.get("reason")
+            if deg is None and "text" in probe:
+                res = detect_degenerate(probe.get("text"))
+                deg, reason = res["degenerate"], res["reason"]
+            if deg:
+                facts["probe_reason"] = reason
+                spec = probe.get("speculative") if probe.get("speculative") is not None else bool(_sa(facts, "speculative_algorithm"))
+                ev = ["smoke completion is degenerate (%s): %r" % (reason, (probe.get("text") or "")[:200])]
+                remedy = "The server answers, but the text is degenerate (%s)." % reason
+                if spec:
+                    remedy += (" Speculative decoding is the first suspect: relaunch without --speculative-algorithm / "
+                               "--speculative-num-steps / --speculative-eagle-topk / --speculative-num-draft-tokens and probe again.")
+                remedy += (" Check the SGLang version against the compatibility table (0.5.9 at TP>1 gives wrong output for dense "
+                           "Qwen3.5 models, fixed by PR #19070; 0.5.10.x by PR #22312).")
+                return _result("degenerate_output", ev + _evidence(parsed, [ready_line] if ready_line else []), remedy, facts)
+        ev = _evidence(parsed, [ready_line] if ready_line else [])
+        if http_ready:
+            ev.append("GET /health 200" + ((", /v1/models lists %s" % expected) if expected else ""))
+        return _result("ready", ev, "", facts)
+
+    # not ready yet
+    progress = _progress(parsed, facts, stalled_s, gpu_used_mib, gpu_baseline_mib)
+    facts["progress"] = progress
+    ev = _evidence(parsed)
+    if gpu_used_mib is not None:
+        ev.append("GPU memory used (MiB): %s" % ", ".join(str(int(u)) for u in gpu_used_mib))
+    if timeout_s is not None and elapsed_s is not None and elapsed_s >= timeout_s:
+        stuck = facts.get("stage")
+        remedy = "No readiness within %ss (stage %s, last line: %s)." % (timeout_s, stuck, facts.get("last_milestone_line", "?"))
+        if stalled_s is not None and stalled_s < 60:
+            remedy += " It is still progressing (slow load): raise the gate's timeout."
+        elif stuck == "distributed_init":
+            remedy += (" It hangs in distributed init: P2P over PCIe under an IOMMU can hang custom all-reduce/NCCL; pass "
+                       "--disable-custom-all-reduce and set NCCL_P2P_DISABLE=1.")
+        elif stuck == "cuda_graph" and _sa(facts, "enable_torch_compile"):
+            remedy += " torch.compile during graph capture is slow: raise the timeout or drop --enable-torch-compile."
+        elif stuck in ("http", "warmup"):
+            remedy += (" The HTTP server is up but warmup did not finish: check that 127.0.0.1 bypasses any proxy (NO_PROXY) and "
+                       "that the first generation does not hang.")
+        else:
+            remedy += " Neither the log nor GPU memory advanced: the server hangs; stop the unit and look at the last lines."
+        return _result("timeout", ev, remedy, facts)
+    return _result("loading", ev, "Wait: the server is still starting (stage %s)." % facts.get("stage"), facts)
+
+
+def _gpu_evidence(gpu_used_mib, gpu_baseline_mib, exit_status):
+    out = []
+    if gpu_used_mib is not None:
+        base = _at_baseline(gpu_used_mib, gpu_baseline_mib)
+        used = ", ".join(str(int(u)) for u in gpu_used_mib)
+        out.append("GPU memory used (MiB): %s%s" % (used, " (every GPU at baseline)" if base else ""))
+    if exit_status is not None:
+        out.append("exit status: %s" % exit_status)
+    return out
+
+
+def _unclassified_phase(stage):
+    """Phase for a failure that has no specific signature, by the stage it happened in."""
+    return {
+        "args": "init_failed_before_gpu",
+        "distributed_init": "nccl_error",
+        "weights": "init_failed_before_gpu",
+        "kv_pool": "kv_cache_oom",
+        "cuda_graph": "cuda_graph_failed",
+        "scheduler_ready": "warmup_failed",
+        "http": "warmup_failed",
+        "warmup": "warmup_failed",
+        "serving": "warmup_failed",
+    }.get(stage, "init_failed_before_gpu")
+
+
+_FRAME_STAGES = [
+    ("cuda_graph", re.compile(r"cuda_graph_runner|init_cuda_graphs|capture_one_batch_size|init_device_graphs")),
+    ("kv_pool", re.compile(r"init_memory_pool|memory_pool\.py|TokenToKVPool|MambaPool|profile_max_num_token|handle_max_mamba_cache"
+                           r"|model_runner_kv_cache_mixin|pool_configurator")),
+    ("weights", re.compile(r"load_model|load_weights|model_loader|weight_utils|create_weights")),
+    ("distributed_init", re.compile(r"init_torch_distributed|initialize_model_parallel|init_distributed_environment|pynccl"
+                                    r"|custom_all_reduce")),
+    ("warmup", re.compile(r"_wait_and_warmup|_execute_server_warmup|warmup")),
+]
+
+
+def _stage_from_frames(tb):
+    """The startup stage named by a traceback's frames (innermost known one wins), or None."""
+    if not tb or not tb.get("frames"):
+        return None
+    for frame in reversed(tb["frames"]):
+        for stage, rx in _FRAME_STAGES:
+            if rx.search(frame):
+                return stage
+    return None
+
+
+def _stage_at(parsed, index):
+    """The startup stage the log was in at line ``index`` (the last milestone before it)."""
+    stage = "args"
+    for e in parsed["events"]:
+        if e["index"] >= index:
+            break
+        st = _STAGE_OF_MILESTONE.get(e["kind"])
+        # the latest milestone, not the furthest: the speculative draft worker starts over at
+        # "Load weight begin" after the target's graphs are captured.
+        if st is not None and e["kind"] not in ("prefill", "decode"):
+            stage = st
+    return stage
+
+
+def _in_draft(parsed, index):
+    """True when line ``index`` comes after the target model's CUDA graphs (the draft worker's turn)."""
+    for e in parsed["events"]:
+        if e["index"] >= index:
+            return False
+        if e["kind"] == "graph_end" and not e["data"].get("draft"):
+            return True
+        if e["kind"] == "max_total_tokens":
+            return False
+    return False
+
+
+def _result(phase, evidence, remedy, facts):
+    if phase not in PHASES:
+        raise ValueError("unknown phase %r" % phase)
+    return {"phase": phase, "evidence": [e for e in evidence if e], "remedy": remedy, "facts": facts}

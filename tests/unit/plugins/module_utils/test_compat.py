@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import compat as c
+
+DENSE = "Qwen3_5ForConditionalGeneration"
+QWEN36_27B = {"architectures": [DENSE], "text_config": {"linear_num_key_heads": 16, "linear_num_value_heads": 48}}
+
+
+@pytest.mark.parametrize("version,tp,action,pr", [
+    ("0.5.9", 2, "refuse", "#19070"),
+    ("0.5.9.post1", 2, "refuse", "#19070"),
+    ("0.5.9rc0", 2, "refuse", "#19070"),
+    ("0.5.9", 1, "ok", None),
+    ("0.5.10", 2, "refuse", "#22312"),
+    ("0.5.10.post1", 2, "refuse", "#22312"),
+    ("0.5.10.post1", 1, "refuse", "#22312"),
+    ("0.5.11", 2, "ok", None),
+    ("0.5.11.post1", 2, "ok", None),
+    ("0.5.23", 2, "ok", None),
+])
+def test_table_for_qwen36_27b(version, tp, action, pr):
+    res = c.check(version, DENSE, tp, config=QWEN36_27B)
+    assert res["action"] == action
+    if action == "refuse":
+        assert res["phase"] == "known_bad_version"
+        assert pr in res["message"] and ">= 0.5.11" in res["remedy"]
+        assert [r["pr"] for r in res["rules"]] == [pr]
+    else:
+        assert res["phase"] is None and res["rules"] == []
+
+
+def test_other_architectures_are_not_refused():
+    assert c.check("0.5.9", "Qwen3_5MoeForConditionalGeneration", 2)["action"] == "ok"
+    assert c.check("0.5.9", "LlamaForCausalLM", 8)["action"] == "ok"
+    assert c.check("0.5.9", "Qwen3_5ForCausalLM", 2)["action"] == "refuse"
+
+
+def test_gdn_rule_depends_on_the_head_ratio():
+    ratio2 = {"text_config": {"linear_num_key_heads": 16, "linear_num_value_heads": 32}}
+    assert c.check("0.5.10", DENSE, 2, config=ratio2)["action"] == "ok"
+    assert c.check("0.5.10", DENSE, 2, config=QWEN36_27B)["action"] == "refuse"
+    assert c.check("0.5.10", DENSE, 2)["action"] == "refuse"   # no config: assume it applies
+
+
+def test_overrides_and_extra_rules():
+    res = c.check("0.5.9", DENSE, 2, overrides={"sglang-0.5.9-qwen3.5-dense-tp": "warn"})
+    assert res["action"] == "warn" and res["phase"] is None and res["rules"][0]["overridden_from"] == "refuse"
+    res = c.check("0.5.9", DENSE, 2, overrides={"sglang-0.5.9-qwen3.5-dense-tp": "ignore"})
+    assert res["action"] == "ok" and "Overridden" in res["message"]
+    extra = c.RULES + [{"id": "site-x", "sglang": "==0.5.11", "architectures": ["*"], "tp": ">=4", "action": "warn", "pr": "#1",
+                        "reason": "r"}]
+    assert c.check("0.5.11", DENSE, 4, rules=extra)["action"] == "warn"
+    assert c.check("0.5.11", DENSE, 2, rules=extra)["action"] == "ok"
+
+
+@pytest.mark.parametrize("a,b,expected", [
+    ("0.5.9", "0.5.10", -1), ("0.5.10", "0.5.10.post1", -1), ("0.5.10.post1", "0.5.11", -1), ("0.5.11rc1", "0.5.11", -1),
+    ("0.5.11.dev2", "0.5.11rc1", -1), ("0.5.11a1", "0.5.11b1", -1), ("1.0", "1.0.0", 0), ("1.0+local", "1.0", 0),
+    ("1!0.1", "2.0", 1), ("0.5.10.post1.dev1", "0.5.10.post1", -1), ("0.5.10-1", "0.5.10.post1", 0), ("V0.5.9", "0.5.9", 0),
+])
+def test_compare(a, b, expected):
+    assert c.compare(a, b) == expected
+
+
+@pytest.mark.parametrize("version,spec,expected", [
+    ("0.5.9", ">=0.5.9,<0.5.10", True), ("0.5.10", ">=0.5.9,<0.5.10", False), ("0.5.9.post2", ">=0.5.9,<0.5.10", True),
+    ("0.5.10rc1", "<0.5.10", False), ("0.5.10rc1", "<0.5.10rc2", True), ("0.5.10.post1", ">0.5.10", False),
+    ("0.5.11", ">0.5.10", True), ("0.5.10.3", "==0.5.10.*", True), ("0.5.11", "==0.5.10.*", False), ("0.5.11", "!=0.5.10.*", True),
+    ("0.5.12", "~=0.5.10", True), ("0.6.0", "~=0.5.10", False), ("0.5.9", "", True), ("0.5.9", "*", True), ("0.5.9", "==0.5.9", True),
+    ("0.5.9", "!=0.5.9", False), ("0.5.9", "===0.5.9", True),
+])
+def test_version_matches(version, spec, expected):
+    assert c.version_matches(version, spec) is expected
+
+
+def test_invalid():
+    with pytest.raises(c.InvalidVersion):
+        c.parse_version("latest")
+    with pytest.raises(c.InvalidVersion):
+        c.version_matches("0.5.9", "=>0.5")
+    with pytest.raises(ValueError):
+        c.check("0.5.9", DENSE, 2, rules=[{"id": "x", "sglang": "", "tp": "many", "action": "warn"}])

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
+
+
+def test_parse_dkms_status_new_and_old_format():
+    text = ("nvidia/580.126.09, 6.8.12-9-pve, x86_64: installed\n"
+            "nvidia/580.126.09: added\n"
+            "zfs, 2.2.6, 6.8.12-9-pve, x86_64: installed (original_module exists)\n")
+    entries = ni.parse_dkms_status(text)
+    assert entries[0] == {"module": "nvidia", "version": "580.126.09", "kernel": "6.8.12-9-pve", "arch": "x86_64",
+                          "state": "installed"}
+    assert entries[1]["kernel"] is None and entries[1]["state"] == "added"
+    assert entries[2]["module"] == "zfs" and entries[2]["version"] == "2.2.6" and entries[2]["state"] == "installed"
+
+
+@pytest.mark.parametrize("loaded,dkms,expected", [
+    ({"version": "580.126.09", "type": "open"}, [], "none"),
+    ({"version": "570.148.08", "type": "open"}, [], "install"),
+    (None, [], "install"),
+    (None, [{"module": "nvidia", "version": "580.126.09", "kernel": "6.8.12-9-pve", "state": "installed"}], "load"),
+    # host rebuilt onto a new kernel: the source is registered, the module is built for the old kernel only
+    (None, [{"module": "nvidia", "version": "580.126.09", "kernel": "6.8.12-8-pve", "state": "installed"}],
+     "rebuild_module"),
+    (None, [{"module": "nvidia", "version": "575.1.1", "kernel": "6.8.12-9-pve", "state": "installed"}], "install"),
+])
+def test_plan_host(loaded, dkms, expected):
+    action, reason = ni.plan_host("580.126.09", loaded, dkms, "6.8.12-9-pve", True)
+    assert action == expected
+    assert reason
+
+
+def test_plan_userspace():
+    assert ni.plan_userspace("580.126.09", "580.126.09", None)[0] == "none"
+    assert ni.plan_userspace("580.126.09", None, "library_not_found")[0] == "install"
+    action, reason = ni.plan_userspace("580.126.09", None, "version_mismatch")
+    assert action == "install" and "580.126.09" in reason
+    with pytest.raises(ni.InstallerError) as e:
+        ni.plan_userspace(None, None, "library_not_found")
+    assert e.value.kind == "driver_not_loaded"
+
+
+def test_installer_args():
+    host = ni.installer_args("host", "open", True, "6.8.12-9-pve")
+    assert "--dkms" in host and "--kernel-module-type=open" in host and "--kernel-name=6.8.12-9-pve" in host
+    assert "--no-kernel-modules" not in host and "--silent" in host
+    user = ni.installer_args("userspace")
+    assert "--no-kernel-modules" in user and "--no-dkms" in user and not any(a.startswith("--kernel-module-type") for a in user)
+    signed = ni.installer_args("host", signing_key="/k.key", signing_cert="/k.der")
+    assert "--module-signing-secret-key=/k.key" in signed and "--module-signing-public-key=/k.der" in signed
+
+
+def test_secure_boot(tmp_path):
+    assert ni.secure_boot_enabled(str(tmp_path)) is None
+    (tmp_path / ni.SECURE_BOOT_VAR).write_bytes(b"\x06\x00\x00\x00\x01")
+    assert ni.secure_boot_enabled(str(tmp_path)) is True
+    (tmp_path / ni.SECURE_BOOT_VAR).write_bytes(b"\x06\x00\x00\x00\x00")
+    assert ni.secure_boot_enabled(str(tmp_path)) is False
+
+
+def test_device_nodes_unit_is_ordered_before_guests():
+    unit = ni.device_nodes_unit(2)
+    assert "Before=pve-guests.service" in unit
+    assert "ExecStart=/usr/bin/nvidia-modprobe -c 0 -c 1 -c 255" in unit
+    assert "ExecStart=/usr/bin/nvidia-modprobe -u -c 0" in unit

@@ -1,0 +1,249 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+import shutil
+
+import pytest
+
+from ansible_collections.kpro.gpu_serving.plugins.modules import lxc_gpu_passthrough as mod
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config as lc
+
+from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "lxc")
+DEVICES = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+
+
+@pytest.fixture
+def env(tmp_path):
+    cfg = tmp_path / "lxc"
+    cfg.mkdir()
+    for n in ("129.conf", "130.conf", "131.conf", "140.conf"):
+        shutil.copy(os.path.join(FIX, n), str(cfg / n))
+    (tmp_path / "proc").mkdir()
+    shutil.copy(os.path.join(FIX, "proc_devices"), str(tmp_path / "proc" / "devices"))
+    return tmp_path
+
+
+def args(env, **kw):
+    a = dict(vmid=129, config_dir=str(env / "lxc"), method="devN", devices=DEVICES, restart=False,
+             proc_root=str(env), backup_dir=str(env / "bk"), lock_dir=str(env / "lock"))
+    a.update(kw)
+    return a
+
+
+def digest(env):
+    h = {}
+    for root, dummy, files in os.walk(str(env)):
+        for f in files:
+            p = os.path.join(root, f)
+            with open(p, "rb") as fh:
+                h[p] = hashlib.sha256(fh.read()).hexdigest()
+    return h
+
+
+def ok(a, check_mode=False, diff=False):
+    if diff:
+        a = dict(a, _ansible_diff=True)
+    with pytest.raises(AnsibleExitJson) as e:
+        run_module(mod, a, check_mode=check_mode)
+    return e.value.result
+
+
+def failed(a):
+    with pytest.raises(AnsibleFailJson) as e:
+        run_module(mod, a)
+    return e.value.result
+
+
+def removed_added(before, after):
+    r, a = [], []
+    for d in difflib.ndiff(before.splitlines(), after.splitlines()):
+        if d.startswith("- "):
+            r.append(d[2:])
+        elif d.startswith("+ "):
+            a.append(d[2:])
+    return r, a
+
+
+@pytest.mark.parametrize("vmid,method", [(129, "devN"), (129, "lxc_raw"), (130, "devN"), (130, "lxc_raw"),
+                                         (131, "devN"), (131, "lxc_raw")])
+def test_changed_then_not_changed_only_owned_lines(env, vmid, method):
+    path = env / "lxc" / ("%d.conf" % vmid)
+    before = path.read_text()
+    r1 = ok(args(env, vmid=vmid, method=method), diff=True)
+    assert r1["changed"] and r1["writer"] == "file" and r1["restart_required"]
+    after = path.read_text()
+    assert r1["diff"]["before"] == before and r1["diff"]["after"] == after
+    removed, added = removed_added(before, after)
+    for line in removed + added:
+        assert "/dev/nvidia" in line or line.startswith("lxc.cgroup2.devices.allow: c 195:") or \
+            line.startswith("lxc.cgroup2.devices.allow: c 50"), line
+    assert open(r1["backup_file"]).read() == before
+    r2 = ok(args(env, vmid=vmid, method=method))
+    assert not r2["changed"] and path.read_text() == after and "backup_file" not in r2
+
+
+def test_devn_result_and_idmap_snapshots_kept(env):
+    r = ok(args(env))
+    assert r["devn"] == {"dev0": "/dev/nvidia0,mode=0666", "dev1": "/dev/nvidia1,mode=0666", "dev2": "/dev/nvidiactl,mode=0666",
+                         "dev3": "/dev/nvidia-uvm,mode=0666", "dev4": "/dev/nvidia-uvm-tools,mode=0666"}
+    text = (env / "lxc" / "129.conf").read_text()
+    assert text.count("lxc.idmap:") == 6 + 4 and "[pve:pending]\ndelete: swap\nmemory: 196608\n" in text
+    assert text.endswith(open(os.path.join(FIX, "129.conf")).read().split("\n[pve:pending]")[1])
+
+
+def test_lxc_raw_uses_proc_devices_majors(env):
+    r = ok(args(env, method="lxc_raw"))
+    assert r["majors"]["nvidia-uvm"] == 509
+    assert "lxc.cgroup2.devices.allow: c 509:* rwm" in r["lxc_lines"]
+
+
+def test_check_mode_writes_nothing(env):
+    h = digest(env)
+    r = ok(args(env), check_mode=True, diff=True)
+    assert r["changed"] and "dev0: /dev/nvidia0,mode=0666" in r["diff"]["after"]
+    assert digest(env) == h and not (env / "bk").exists()
+
+
+def test_no_backup(env):
+    r = ok(args(env, backup=False))
+    assert r["changed"] and "backup_file" not in r and not (env / "bk").exists()
+
+
+def test_ad_hoc_style_list_string(env):
+    # `devices=['/dev/nvidia0','/dev/nvidiactl']` in an ad hoc -a string arrives split on commas
+    r = ok(args(env, devices=["['/dev/nvidia0'", "'/dev/nvidiactl']"]))
+    assert sorted(r["devn"].values()) == ["/dev/nvidia0,mode=0666", "/dev/nvidiactl,mode=0666"]
+
+
+def test_dev_gid_uid(env):
+    r = ok(args(env, devices=["/dev/nvidia0"], dev_gid=44, dev_uid=0))
+    assert r["devn"] == {"dev0": "/dev/nvidia0,gid=44,mode=0666,uid=0"}
+
+
+# ------------------------------------------------------------------ bad input writes nothing
+
+
+def assert_nothing_written(env, a, *needles):
+    h = digest(env)
+    r = failed(a)
+    for n in needles:
+        assert n in r["msg"], r["msg"]
+    assert digest(env) == h
+    assert not (env / "bk").exists()
+    return r
+
+
+def test_unknown_vmid(env):
+    assert_nothing_written(env, args(env, vmid=999), "CT 999 does not exist here", "pct list")
+
+
+def test_locked_container(env):
+    assert_nothing_written(env, args(env, vmid=140), "CT 140 is locked (lock: backup)", "pct unlock 140", "nothing was written")
+
+
+def test_missing_device_node_explicit(env):
+    dev = env / "root" / "dev"
+    dev.mkdir(parents=True)
+    assert_nothing_written(env, args(env, dev_root=str(env / "root")), "Device /dev/nvidia0 does not exist")
+
+
+def test_missing_uvm_on_discovery(env, monkeypatch):
+    dev = env / "root" / "dev"
+    dev.mkdir(parents=True)
+    for n in ("nvidia0", "nvidia1", "nvidiactl"):
+        (dev / n).write_text("")
+    real = lc.stat_device
+
+    def fake(path, dev_root="/"):
+        if not os.path.exists(lc._host_path(dev_root, path)):
+            return real(path, dev_root)
+        return {"path": path, "major": 195, "minor": 0}
+    monkeypatch.setattr(lc, "stat_device", fake)
+    a = args(env, dev_root=str(env / "root"))
+    del a["devices"]
+    assert_nothing_written(env, a, "Device /dev/nvidia-uvm does not exist", "nvidia-modprobe -u -c=0")
+
+
+def test_devn_with_api_token_refused(env):
+    a = args(env, writer="api", api_host="10.213.5.2", api_token_id="ansible", api_token_secret="x")
+    assert_nothing_written(env, a, "devN can only be changed by root@pam; an API token (root@pam!ansible) is refused by PVE",
+                           "method=lxc_raw")
+
+
+def test_restart_without_connection(env):
+    assert_nothing_written(env, args(env, restart=True), "restart=true needs a PVE API connection")
+
+
+def test_bad_mode_and_gpus(env):
+    assert_nothing_written(env, args(env, dev_mode="666"), "dev_mode")
+    a = args(env, gpus=["zero"])
+    del a["devices"]
+    assert_nothing_written(env, a, "gpus must be GPU indices")
+
+
+def test_invalid_device_path(env):
+    assert_nothing_written(env, args(env, devices=["/etc/passwd"]), "not a valid device path")
+
+
+# ------------------------------------------------------------------ restart through a fake API
+
+
+def test_restart_when_changed_only(env, monkeypatch):
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    calls = []
+
+    class S(object):
+        backend = "https"
+    monkeypatch.setattr(pa, "HAS_PROXMOXER", True)
+    monkeypatch.setattr(pa, "connect", lambda p: S())
+    monkeypatch.setattr(pa, "find_node", lambda s, v: "kpro5")
+    monkeypatch.setattr(pa, "ct_restart", lambda s, n, v, t, st: calls.append((n, v, t, st)) or [{"exitstatus": "OK"}] * 2)
+    a = args(env, restart=True, api_host="10.213.5.2", api_token_id="ansible", api_token_secret="x")
+    r = ok(a)
+    assert r["changed"] and r["restarted"] and not r["restart_required"]
+    assert calls == [("kpro5", 129, 180, 60)]
+    r = ok(a)
+    assert not r["changed"] and not r["restarted"] and len(calls) == 1
+
+
+# ------------------------------------------------------------------ writer=pct with a stand-in pct
+
+
+def fake_pct(env, monkeypatch, rc=0, stderr=""):
+    bindir = env / "bin"
+    bindir.mkdir()
+    log = env / "pct.log"
+    script = bindir / "pct"
+    script.write_text("#!/bin/sh\necho \"$@\" >> %s\n%s\nexit %d\n" % (log, "echo '%s' >&2" % stderr if stderr else "", rc))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ.get("PATH", "")))
+    return log
+
+
+def test_writer_pct_passes_devn_and_writes_raw_leftovers_to_file(env, monkeypatch):
+    log = fake_pct(env, monkeypatch)
+    before = (env / "lxc" / "130.conf").read_text()
+    r = ok(args(env, vmid=130, writer="pct"))
+    assert r["changed"] and r["writer"] == "pct"
+    assert log.read_text().split() == ["set", "130", "--dev0", "/dev/nvidia0,mode=0666", "--dev1", "/dev/nvidia1,mode=0666",
+                                       "--dev2", "/dev/nvidiactl,mode=0666", "--dev3", "/dev/nvidia-uvm,mode=0666",
+                                       "--dev4", "/dev/nvidia-uvm-tools,mode=0666"]
+    after = (env / "lxc" / "130.conf").read_text()
+    removed, added = removed_added(before, after)
+    assert added == [] and all("/dev/nvidia" in x or " 195:" in x or " 508:" in x for x in removed) and len(removed) == 8
+
+
+def test_writer_pct_error_is_explained_and_file_untouched(env, monkeypatch):
+    fake_pct(env, monkeypatch, rc=255, stderr="Device /dev/nvidia-uvm does not exist")
+    before = (env / "lxc" / "129.conf").read_text()
+    r = failed(args(env, writer="pct"))
+    assert "Device /dev/nvidia-uvm does not exist" in r["msg"] and "nvidia-modprobe" in r["msg"]
+    assert (env / "lxc" / "129.conf").read_text() == before

@@ -1,0 +1,67 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from ansible_collections.kpro.gpu_serving.plugins.modules import sglang_diagnose
+from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "sglang_logs")
+
+
+def run(args, check_mode=False):
+    with pytest.raises(AnsibleExitJson) as e:
+        run_module(sglang_diagnose, args, check_mode=check_mode)
+    return e.value.result
+
+
+def test_init_failed_before_gpu_ad_hoc_style_args(tmp_path):
+    log = tmp_path / "sglang-serve.log"
+    shutil.copy(os.path.join(FIX, "synthetic_init_failed_before_gpu.log"), str(log))
+    before = log.read_bytes()
+    res = run({"log_path": str(log), "gpu_used_mib": "[0,0]", "exit_status": 137})
+    assert res["changed"] is False and res["log_found"] is True
+    assert res["phase"] == "init_failed_before_gpu"
+    assert res["facts"]["exception"].startswith("OSError")
+    assert "GPU memory used (MiB): 0, 0 (every GPU at baseline)" in res["evidence"]
+    assert log.read_bytes() == before
+
+
+def test_launch_id_selects_the_launch_and_check_mode(tmp_path):
+    log = tmp_path / "x.log"
+    shutil.copy(os.path.join(FIX, "synthetic_two_launches.log"), str(log))
+    res = run({"log_path": str(log), "launch_id": "20260301T094000-seed", "gpu_used_mib": [0, 0], "exit_status": 137},
+              check_mode=True)
+    assert res["phase"] == "kv_cache_oom" and res["changed"] is False
+    res = run({"log_path": str(log), "launch_id": "20260301T100500-e5f6", "process_alive": True, "gpu_used_mib": "20000, 20000"})
+    assert res["phase"] == "loading" and res["facts"]["gpu_used_mib"] == [20000.0, 20000.0]
+    res = run({"log_path": str(log), "launch_id": "another"})
+    assert res["phase"] == "not_started" and res["log_found"] is False
+
+
+def test_missing_log_is_not_started(tmp_path):
+    res = run({"log_path": str(tmp_path / "nope.log")})
+    assert res["phase"] == "not_started" and res["log_found"] is False and res["changed"] is False
+
+
+def test_ready_with_planned_weights(tmp_path):
+    log = os.path.join(FIX, "synthetic_ready_tp2_nextn.log")
+    res = run({"log_path": log, "process_alive": True, "gpu_used_mib": [45000, 45100], "planned_weights_mib": 26512})
+    assert res["phase"] == "ready" and res["facts"]["kv_tokens"] == 398784 and res["remedy"] == ""
+
+
+def test_bad_gpu_list_fails(tmp_path):
+    with pytest.raises(AnsibleFailJson) as e:
+        run_module(sglang_diagnose, {"log_path": str(tmp_path / "x"), "gpu_used_mib": "[a,b]"})
+    assert "gpu_used_mib" in e.value.result["msg"]
+
+
+@pytest.mark.parametrize("value,expected", [(None, None), ([1, "2"], [1.0, 2.0]), ("[0,0]", [0.0, 0.0]), ("0 5", [0.0, 5.0]),
+                                            (7, [7.0]), ("[]", [])])
+def test_mib_list(value, expected):
+    assert sglang_diagnose.mib_list(value) == expected

@@ -1,0 +1,369 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""vfio_release's main() on a temporary /etc, /proc, /run and a fake sysfs.
+
+Writes to sysfs go to a small fake kernel (monkeypatched ``pci.sysfs_write``) that gives
+unbind/bind/driver_override/drivers_probe/new_id/remove_id the kernel's semantics and errno
+codes, so the module's runtime part runs for real against the tree.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+
+import pytest
+from ansible.module_utils.common import warnings as ansible_warnings
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
+from ansible_collections.kpro.gpu_serving.plugins.modules import vfio_release
+
+from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
+
+HERE = os.path.dirname(__file__)
+BOOTFIX = os.path.join(HERE, "..", "..", "fixtures", "bootcfg")
+PVEFIX = os.path.join(HERE, "..", "..", "fixtures", "pve")
+
+DEVICES = [
+    # bdf, vendor, device, class, driver, iommu group
+    ("0000:16:00.0", "8086", "2030", "0x060400", "pcieport", 42),
+    ("0000:17:00.0", "10de", "2230", "0x030000", "vfio-pci", 42),
+    ("0000:17:00.1", "10de", "1aef", "0x040300", "vfio-pci", 42),
+    ("0000:65:00.0", "10de", "2230", "0x030000", "vfio-pci", 40),
+    ("0000:65:00.1", "10de", "1aef", "0x040300", "vfio-pci", 40),
+    ("0000:05:00.0", "1b21", "1242", "0x0c0330", "vfio-pci", 12),
+    ("0000:00:1f.3", "8086", "a348", "0x040300", "snd_hda_intel", 7),
+]
+# what drivers_probe binds when nothing else decides (the NVIDIA driver is not installed yet)
+PROBE_TABLE = {"10de:1aef": "snd_hda_intel", "8086:a348": "snd_hda_intel"}
+CMDLINE = "BOOT_IMAGE=/boot/vmlinuz-6.8.12-4-pve root=/dev/mapper/pve-root ro quiet intel_iommu=on iommu=pt\n"
+
+
+class FakeKernel(object):
+    def __init__(self, sysfs):
+        self.sysfs = sysfs
+        self.pci = os.path.join(sysfs, "bus", "pci")
+        self.dynamic = {"vfio-pci": {"10de:2230", "10de:1aef", "1b21:1242"}}  # Proxmox's new_id at VM start
+        self.static = set()
+        self.writes = []
+
+    def _dev(self, bdf):
+        return os.path.join(self.pci, "devices", bdf)
+
+    def _driver(self, bdf):
+        link = os.path.join(self._dev(bdf), "driver")
+        return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+    def _bind(self, bdf, drv):
+        os.symlink(os.path.join("..", "..", "drivers", drv), os.path.join(self._dev(bdf), "driver"))
+
+    def _id(self, bdf):
+        def r(name):
+            with open(os.path.join(self._dev(bdf), name)) as f:
+                return f.read().strip()[2:]
+        return "%s:%s" % (r("vendor"), r("device"))
+
+    def write(self, path, value):
+        value = value.decode() if isinstance(value, bytes) else value
+        self.writes.append((os.path.relpath(path, self.sysfs), value))
+        rel = os.path.relpath(path, self.pci).split(os.sep)
+        if rel[0] == "drivers" and len(rel) == 3:
+            drv, op = rel[1], rel[2]
+            if op == "unbind":
+                if self._driver(value.strip()) != drv:
+                    raise OSError(errno.ENODEV, "No such device")
+                os.unlink(os.path.join(self._dev(value.strip()), "driver"))
+            elif op == "bind":
+                self._bind(value.strip(), drv)
+            elif op in ("new_id", "remove_id"):
+                ident = ":".join(value.split()[:2])
+                ids = self.dynamic.setdefault(drv, set())
+                if op == "remove_id":
+                    if ident not in ids:
+                        raise OSError(errno.ENODEV, "No such device")
+                    ids.discard(ident)
+                else:
+                    ids.add(ident)
+            return
+        if rel[0] == "devices" and rel[-1] == "driver_override":
+            with open(path, "w") as f:
+                f.write(value.strip() or "(null)")
+            return
+        if rel == ["drivers_probe"]:
+            bdf = value.strip()
+            if self._driver(bdf):
+                return
+            override = open(os.path.join(self._dev(bdf), "driver_override")).read().strip()
+            ident = self._id(bdf)
+            if override != "(null)":
+                drv = override if os.path.isdir(os.path.join(self.pci, "drivers", override)) else None
+            elif ident in self.dynamic.get("vfio-pci", set()) or ident in self.static:
+                drv = "vfio-pci"
+            else:
+                drv = PROBE_TABLE.get(ident)
+            if drv:
+                self._bind(bdf, drv)
+            return
+        raise OSError(errno.EACCES, "unexpected write %s" % path)
+
+
+def make_sysfs(root):
+    sysfs = os.path.join(root, "sys")
+    for drv in ("vfio-pci", "snd_hda_intel", "pcieport", "xhci_hcd"):
+        d = os.path.join(sysfs, "bus", "pci", "drivers", drv)
+        os.makedirs(d)
+        for attr in ("bind", "unbind", "new_id", "remove_id"):
+            open(os.path.join(d, attr), "w").close()
+    open(os.path.join(sysfs, "bus", "pci", "drivers_probe"), "w").close()
+    groups = {}
+    for bdf, _v, _d, _c, _drv, g in DEVICES:
+        groups.setdefault(g, []).append(bdf)
+    for g, members in groups.items():
+        gd = os.path.join(sysfs, "kernel", "iommu_groups", str(g), "devices")
+        os.makedirs(gd)
+        for m in members:
+            os.symlink(os.path.join("..", "..", "..", "..", "bus", "pci", "devices", m), os.path.join(gd, m))
+    for bdf, vendor, device, cls, drv, g in DEVICES:
+        d = os.path.join(sysfs, "bus", "pci", "devices", bdf)
+        os.makedirs(d)
+        for name, value in (("vendor", "0x" + vendor), ("device", "0x" + device), ("class", cls),
+                            ("subsystem_vendor", "0x10de"), ("subsystem_device", "0x1459"), ("driver_override", "(null)")):
+            with open(os.path.join(d, name), "w") as f:
+                f.write(value + "\n")
+        if cls.startswith("0x0604"):
+            os.makedirs(os.path.join(d, "pci_bus"))
+        os.symlink(os.path.join("..", "..", "drivers", drv), os.path.join(d, "driver"))
+        os.symlink(os.path.join("..", "..", "..", "kernel", "iommu_groups", str(g)), os.path.join(d, "iommu_group"))
+    return sysfs
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    sysfs = make_sysfs(root)
+    etc = os.path.join(root, "etc")
+    for rel, name in (("default/grub", "grub.default"), ("modprobe.d/vfio.conf", "modprobe_vfio.conf"),
+                      ("modprobe.d/blacklist.conf", "modprobe_blacklist.conf"), ("modules", "modules")):
+        os.makedirs(os.path.dirname(os.path.join(etc, rel)), exist_ok=True)
+        shutil.copy(os.path.join(BOOTFIX, name), os.path.join(etc, rel))
+    qs = os.path.join(etc, "pve", "qemu-server")
+    os.makedirs(qs)
+    os.makedirs(os.path.join(etc, "pve", "mapping"))
+    shutil.copy(os.path.join(PVEFIX, "pci.cfg"), os.path.join(etc, "pve", "mapping", "pci.cfg"))
+    for v in ("105", "110", "130"):
+        shutil.copy(os.path.join(PVEFIX, v + ".conf"), os.path.join(qs, v + ".conf"))
+    proc = os.path.join(root, "proc")
+    os.makedirs(proc)
+    with open(os.path.join(proc, "cmdline"), "w") as f:
+        f.write(CMDLINE)
+    os.makedirs(os.path.join(root, "run", "qemu-server"))
+    os.makedirs(os.path.join(root, "dev", "vfio"))
+    log = os.path.join(root, "commands.log")
+    tool = os.path.join(root, "tool.sh")
+    with open(tool, "w") as f:
+        f.write('#!/bin/sh\necho "$0 $*" >> %s\n[ -e %s/fail ] && exit 3\nexit 0\n' % (log, root))
+    os.chmod(tool, 0o755)
+    kernel = FakeKernel(sysfs)
+    monkeypatch.setattr(pci, "sysfs_write", kernel.write)
+    args = {"sysfs_root": sysfs, "etc_root": etc, "proc_root": proc, "run_root": os.path.join(root, "run"),
+            "dev_root": os.path.join(root, "dev"), "backup_dir": os.path.join(root, "backups"), "node": "kpro5",
+            "update_initramfs_cmd": [tool, "initramfs"], "boot_refresh_cmd": [tool, "boot"]}
+
+    class Host(object):
+        pass
+    h = Host()
+    h.root, h.etc, h.sysfs, h.proc, h.args, h.kernel, h.log = root, etc, sysfs, proc, args, kernel, log
+    return h
+
+
+def commands(h):
+    return open(h.log).read().split("\n")[:-1] if os.path.exists(h.log) else []
+
+
+def tree_hash(root):
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for n in sorted(dirnames + filenames):
+            p = os.path.join(dirpath, n)
+            h.update(p.encode())
+            if os.path.islink(p):
+                h.update(b"L" + os.readlink(p).encode())
+            elif os.path.isfile(p):
+                h.update(b"F%o" % os.stat(p).st_mode + open(p, "rb").read())
+    return h.hexdigest()
+
+
+def run(args, check_mode=False, diff=False):
+    a = dict(args)
+    if diff:
+        a["_ansible_diff"] = True
+    ansible_warnings._global_warnings.clear()
+    result = None
+    try:
+        run_module(vfio_release, a, check_mode=check_mode)
+    except (AnsibleExitJson, AnsibleFailJson) as e:
+        result = e.result
+    result["warnings"] = list(ansible_warnings.get_warning_messages())
+    return result
+
+
+def start_vm(h, vmid, pid):
+    d = os.path.join(h.proc, str(pid))
+    os.makedirs(d)
+    with open(os.path.join(d, "cmdline"), "wb") as f:
+        f.write(b"\0".join([b"/usr/bin/kvm", b"-id", str(vmid).encode(), b"-pidfile",
+                            ("/var/run/qemu-server/%d.pid" % vmid).encode()]) + b"\0")
+    with open(os.path.join(d, "stat"), "w") as f:
+        f.write("%d (kvm) S 1\n" % pid)
+    with open(os.path.join(h.root, "run", "qemu-server", "%d.pid" % vmid), "w") as f:
+        f.write("%d\n" % pid)
+
+
+def test_release_full_run_then_idempotent(host):
+    r = run(host.args)
+    assert not r.get("failed"), r.get("msg")
+    assert r["changed"] is True
+    assert [d["bdf"] for d in r["selected"]] == ["0000:17:00.0", "0000:17:00.1", "0000:65:00.0", "0000:65:00.1"]
+    assert r["managed_ids"] == ["10de:1aef", "10de:2230"]
+    # persistent bindings: only our ids went, everything else byte for byte
+    assert open(os.path.join(host.etc, "default", "grub")).read() == open(os.path.join(BOOTFIX, "grub.default.expected")).read()
+    assert open(os.path.join(host.etc, "modprobe.d", "vfio.conf")).read() == \
+        open(os.path.join(BOOTFIX, "modprobe_vfio.conf.expected")).read()
+    assert open(os.path.join(host.etc, "modules")).read() == open(os.path.join(BOOTFIX, "modules")).read()
+    assert r["remaining_vfio_ids"] == ["1b21:1242"] and r["keep_vfio_modules"] is True
+    # one initramfs regeneration, one boot refresh
+    assert [c.split(" ", 1)[1] for c in commands(host)] == ["initramfs", "boot"]
+    assert len(r["files"]) == 3 and all(f["backup"] and os.path.exists(f["backup"]) for f in r["files"])
+    # stopped VMs reported, not touched
+    assert sorted(v["vmid"] for v in r["stopped_vms_referencing"]) == [105, 110]
+    assert r["detached"] == []
+    assert open(os.path.join(host.etc, "pve", "qemu-server", "105.conf")).read() == open(os.path.join(PVEFIX, "105.conf")).read()
+    assert any("VM 105 (win-gaming) is stopped" in w for w in r["warnings"])
+    # runtime: dynamic ids gone, GPUs unbound, the audio function went to snd_hda_intel, the USB controller untouched
+    assert sorted(r["removed_dynamic_ids"]) == ["10de:1aef", "10de:2230"]
+    assert host.kernel.dynamic["vfio-pci"] == {"1b21:1242"}
+    assert r["unbound"] == ["0000:17:00.0", "0000:17:00.1", "0000:65:00.0", "0000:65:00.1"]
+    assert r["bound_after"] == {"0000:17:00.0": None, "0000:17:00.1": "snd_hda_intel",
+                                "0000:65:00.0": None, "0000:65:00.1": "snd_hda_intel"}
+    assert pci.current_driver("0000:05:00.0", host.sysfs) == "vfio-pci"
+    assert r["reboot_required"] is False and r["reboot_reasons"] == [] and r["runtime_errors"] == []
+
+    before = tree_hash(host.root)
+    r2 = run(host.args)
+    assert r2["changed"] is False, r2
+    assert r2["files"] == [] and r2["commands"] == [] and r2["unbound"] == [] and r2["reboot_required"] is False
+    assert len(commands(host)) == 2
+    assert tree_hash(host.root) == before
+
+
+@pytest.mark.parametrize("how", ["pidfile", "mapping", "reservation", "vfio_holder"])
+def test_refuses_while_a_vm_runs_and_changes_nothing(host, how):
+    if how == "pidfile":
+        start_vm(host, 105, 4242)
+        expected = ("VM 105 (win-gaming) is running with hostpci0 = 0000:17:00,pcie=1,x-vga=1 (NVIDIA RTX A6000); "
+                    "stop it or remove the device first")
+    elif how == "mapping":
+        start_vm(host, 110, 4243)
+        expected = "VM 110 (llm-old) is running with hostpci0 = mapping=a6000,pcie=1 (NVIDIA RTX A6000)"
+    elif how == "reservation":
+        start_vm(host, 999, 4244)
+        os.unlink(os.path.join(host.root, "run", "qemu-server", "999.pid"))
+        with open(os.path.join(host.root, "run", "qemu-server", "pci-id-reservations"), "w") as f:
+            f.write("0000:65:00.0 999 pid:4244\n")
+        expected = "VM 999 holds a PCI reservation for 0000:65:00.0 (NVIDIA RTX A6000)"
+    else:
+        d = os.path.join(host.proc, "5555", "fd")
+        os.makedirs(d)
+        os.symlink(os.path.join(host.args["dev_root"], "vfio", "40"), os.path.join(d, "17"))
+        expected = "vfio/40 (IOMMU group 40: 0000:65:00.0, 0000:65:00.1) is held open by PID 5555"
+    before = tree_hash(host.root)
+    r = run(host.args)
+    assert r.get("failed") is True
+    assert expected in r["msg"], r["msg"]
+    assert "nothing was changed" in r["msg"]
+    assert tree_hash(host.root) == before
+    assert host.kernel.writes == [] and commands(host) == []
+
+
+def test_check_mode_changes_nothing_and_tells_the_truth(host):
+    before = tree_hash(host.root)
+    r = run(host.args, check_mode=True, diff=True)
+    assert r["changed"] is True
+    assert tree_hash(host.root) == before and host.kernel.writes == [] and commands(host) == []
+    assert sorted(os.path.relpath(f["path"], host.etc) for f in r["files"]) == \
+        ["default/grub", "modprobe.d/blacklist.conf", "modprobe.d/vfio.conf"]
+    assert r["commands"] == [host.args["update_initramfs_cmd"], host.args["boot_refresh_cmd"]]
+    assert r["unbound"] == ["0000:17:00.0", "0000:17:00.1", "0000:65:00.0", "0000:65:00.1"]
+    diff = dict((d["before_header"], d) for d in r["diff"])
+    grub = diff[os.path.join(host.etc, "default", "grub")]
+    assert grub["after"] == open(os.path.join(BOOTFIX, "grub.default.expected")).read()
+    # after a real run, check mode reports nothing to do
+    run(host.args)
+    r = run(host.args, check_mode=True, diff=True)
+    assert r["changed"] is False and "diff" not in r
+
+
+def test_detach_stopped_vms_with_backup(host):
+    r = run(dict(host.args, detach_stopped_vms="both"), diff=True)
+    assert not r.get("failed"), r.get("msg")
+    c105 = open(os.path.join(host.etc, "pve", "qemu-server", "105.conf")).read()
+    orig = open(os.path.join(PVEFIX, "105.conf")).read()
+    assert c105 == orig.replace("hostpci0: 0000:17:00,pcie=1,x-vga=1\n", "").replace("onboot: 1\nostype", "onboot: 0\nostype")
+    c110 = open(os.path.join(host.etc, "pve", "qemu-server", "110.conf")).read()
+    assert "hostpci0" not in c110 and "onboot: 0" in c110
+    by = dict((d["vmid"], d) for d in r["detached"])
+    assert sorted(by) == [105, 110]
+    assert open(by[105]["backup"]).read() == orig
+    assert not by[105]["backup"].startswith(os.path.join(host.etc, "pve"))
+    assert sorted(os.listdir(os.path.join(host.etc, "pve", "qemu-server"))) == ["105.conf", "110.conf", "130.conf"]
+    r2 = run(dict(host.args, detach_stopped_vms="both"))
+    assert r2["changed"] is False and r2["stopped_vms_referencing"] == []
+
+
+def test_reboot_required_when_the_running_kernel_binds_statically(host):
+    with open(os.path.join(host.proc, "cmdline"), "w") as f:
+        f.write(CMDLINE.strip() + " vfio-pci.ids=10de:2230,10de:1aef,1b21:1242\n")
+    host.kernel.static = {"10de:2230", "10de:1aef", "1b21:1242"}
+    r = run(host.args)
+    assert not r.get("failed"), r.get("msg")
+    assert r["reboot_required"] is True and "10de:1aef, 10de:2230" in r["reboot_reasons"][0]
+    # unbound but not probed: a probe would hand them straight back to vfio-pci
+    assert r["bound_after"] == dict((b, None) for b in ["0000:17:00.0", "0000:17:00.1", "0000:65:00.0", "0000:65:00.1"])
+    assert not [w for w in host.kernel.writes if w[0] == "bus/pci/drivers_probe"]
+
+
+def test_runtime_unbind_off_requires_reboot(host):
+    r = run(dict(host.args, runtime_unbind=False))
+    assert r["changed"] is True and r["reboot_required"] is True
+    assert "runtime_unbind is false" in r["reboot_reasons"][0]
+    assert host.kernel.writes == []
+
+
+def test_failed_regeneration_is_retried(host):
+    open(os.path.join(host.root, "fail"), "w").close()
+    r = run(host.args)
+    assert r.get("failed") and "re-run to retry" in r["msg"]
+    os.unlink(os.path.join(host.root, "fail"))
+    r = run(host.args)
+    assert not r.get("failed") and r["changed"] is True and r["files"] == []
+    assert [c.split(" ", 1)[1] for c in commands(host)] == ["initramfs", "initramfs", "boot"]
+    r = run(host.args)
+    assert r["changed"] is False and len(commands(host)) == 3
+
+
+def test_absent_ids_only_clean_the_files(host):
+    r = run(dict(host.args, ids=["10de:ffff"]))
+    assert r["selected"] == [] and r["unbound"] == [] and r["managed_ids"] == ["10de:ffff"]
+    # the NVIDIA blacklist/softdep clean-up does not depend on the ids
+    assert sorted(os.path.relpath(f["path"], host.etc) for f in r["files"]) == ["modprobe.d/blacklist.conf", "modprobe.d/vfio.conf"]
+    assert "ids=10de:2230,10de:1aef,1b21:1242" in open(os.path.join(host.etc, "modprobe.d", "vfio.conf")).read()
+    assert any("no PCI function with id 10de:ffff" in w for w in r["warnings"])
+
+
+def test_bad_id_is_a_clear_error(host):
+    r = run(dict(host.args, ids=["nvidia"]))
+    assert r.get("failed") and "ids:" in r["msg"]
