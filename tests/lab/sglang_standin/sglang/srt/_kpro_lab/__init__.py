@@ -1,0 +1,1 @@
+"""The implementation of the lab stand-in (not part of the real SGLang layout)."""

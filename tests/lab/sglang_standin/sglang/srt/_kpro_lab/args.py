@@ -1,0 +1,266 @@
+"""The real flags (a plain argparse.ArgumentParser, so errors exit 2 like the real one)
+and ServerArgs.__post_init__'s resolution and warnings."""
+
+import argparse
+import os
+import shutil
+
+from sglang.srt._kpro_lab import memory, util
+from sglang.version import __version__
+
+SPEC_CHOICES = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
+
+# (flags, kwargs); dest order is the order of the server_args=ServerArgs(...) repr.
+_STR, _INT, _FLOAT = str, int, float
+OPTIONS = [
+    (("--model-path", "--model"), dict(type=_STR, required=True)),
+    (("--tokenizer-path",), dict(type=_STR)),
+    (("--tokenizer-mode",), dict(type=_STR, default="auto", choices=["auto", "slow"])),
+    (("--tokenizer-worker-num",), dict(type=_INT, default=1)),
+    (("--skip-tokenizer-init",), dict(action="store_true")),
+    (("--load-format",), dict(type=_STR, default="auto")),
+    (("--model-loader-extra-config",), dict(type=_STR, default="{}")),
+    (("--trust-remote-code",), dict(action="store_true")),
+    (("--context-length",), dict(type=_INT)),
+    (("--is-embedding",), dict(action="store_true")),
+    (("--enable-multimodal",), dict(action="store_true", default=None)),
+    (("--revision",), dict(type=_STR)),
+    (("--model-impl",), dict(type=_STR, default="auto")),
+    (("--host",), dict(type=_STR, default="127.0.0.1")),
+    (("--port",), dict(type=_INT, default=30000)),
+    (("--skip-server-warmup",), dict(action="store_true")),
+    (("--warmups",), dict(type=_STR)),
+    (("--nccl-port",), dict(type=_INT)),
+    (("--dtype",), dict(type=_STR, default="auto", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])),
+    (("--quantization",), dict(type=_STR)),
+    (("--kv-cache-dtype",), dict(type=_STR, default="auto", choices=["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"])),
+    (("--mem-fraction-static",), dict(type=_FLOAT)),
+    (("--max-running-requests",), dict(type=_INT)),
+    (("--max-queued-requests",), dict(type=_INT)),
+    (("--max-total-tokens",), dict(type=_INT)),
+    (("--chunked-prefill-size",), dict(type=_INT)),
+    (("--max-prefill-tokens",), dict(type=_INT, default=16384)),
+    (("--schedule-policy",), dict(type=_STR, default="fcfs")),
+    (("--schedule-conservativeness",), dict(type=_FLOAT, default=1.0)),
+    (("--page-size",), dict(type=_INT, default=1)),
+    (("--tensor-parallel-size", "--tp-size"), dict(type=_INT, default=1, dest="tp_size")),
+    (("--pipeline-parallel-size", "--pp-size"), dict(type=_INT, default=1, dest="pp_size")),
+    (("--data-parallel-size", "--dp-size"), dict(type=_INT, default=1, dest="dp_size")),
+    (("--stream-interval",), dict(type=_INT, default=1)),
+    (("--random-seed",), dict(type=_INT)),
+    (("--watchdog-timeout",), dict(type=_FLOAT, default=300)),
+    (("--dist-timeout",), dict(type=_INT)),
+    (("--download-dir",), dict(type=_STR)),
+    (("--base-gpu-id",), dict(type=_INT, default=0)),
+    (("--gpu-id-step",), dict(type=_INT, default=1)),
+    (("--device",), dict(type=_STR)),
+    (("--log-level",), dict(type=_STR, default="info")),
+    (("--log-level-http",), dict(type=_STR)),
+    (("--log-requests",), dict(action="store_true")),
+    (("--log-requests-level",), dict(type=_INT, default=2)),
+    (("--show-time-cost",), dict(action="store_true")),
+    (("--decode-log-interval",), dict(type=_INT, default=40)),
+    (("--enable-metrics",), dict(action="store_true")),
+    (("--enable-metrics-for-all-schedulers",), dict(action="store_true")),
+    (("--api-key",), dict(type=_STR)),
+    (("--admin-api-key",), dict(type=_STR)),
+    (("--served-model-name",), dict(type=_STR)),
+    (("--chat-template",), dict(type=_STR)),
+    (("--completion-template",), dict(type=_STR)),
+    (("--file-storage-path",), dict(type=_STR, default="sglang_storage")),
+    (("--enable-cache-report",), dict(action="store_true")),
+    (("--reasoning-parser",), dict(type=_STR)),
+    (("--tool-call-parser",), dict(type=_STR)),
+    (("--tool-server",), dict(type=_STR)),
+    (("--load-balance-method",), dict(type=_STR, default="round_robin")),
+    (("--dist-init-addr", "--nccl-init-addr"), dict(type=_STR, dest="dist_init_addr")),
+    (("--nnodes",), dict(type=_INT, default=1)),
+    (("--node-rank",), dict(type=_INT, default=0)),
+    (("--json-model-override-args",), dict(type=_STR, default="{}")),
+    (("--speculative-algorithm",), dict(type=_STR, choices=SPEC_CHOICES)),
+    (("--speculative-draft-model-path", "--speculative-draft-model"), dict(type=_STR, dest="speculative_draft_model_path")),
+    (("--speculative-draft-model-revision",), dict(type=_STR)),
+    (("--speculative-num-steps",), dict(type=_INT)),
+    (("--speculative-eagle-topk",), dict(type=_INT)),
+    (("--speculative-num-draft-tokens",), dict(type=_INT)),
+    (("--speculative-accept-threshold-single",), dict(type=_FLOAT, default=1.0)),
+    (("--speculative-accept-threshold-acc",), dict(type=_FLOAT, default=1.0)),
+    (("--speculative-token-map",), dict(type=_STR)),
+    (("--speculative-attention-mode",), dict(type=_STR, default="prefill")),
+    (("--attention-backend",), dict(type=_STR)),
+    (("--prefill-attention-backend",), dict(type=_STR)),
+    (("--decode-attention-backend",), dict(type=_STR)),
+    (("--sampling-backend",), dict(type=_STR)),
+    (("--grammar-backend",), dict(type=_STR)),
+    (("--mm-attention-backend",), dict(type=_STR)),
+    (("--mamba-ssm-dtype",), dict(type=_STR, choices=["float32", "bfloat16", "float16"])),
+    (("--mamba-full-memory-ratio",), dict(type=_FLOAT, default=0.9)),
+    (("--max-mamba-cache-size",), dict(type=_INT)),
+    (("--mamba-scheduler-strategy",), dict(type=_STR, default="auto", choices=["auto", "no_buffer", "extra_buffer"])),
+    (("--mamba-track-interval",), dict(type=_INT, default=256)),
+    (("--mamba-backend",), dict(type=_STR, default="triton", choices=["triton", "flashinfer"])),
+    (("--disable-radix-cache",), dict(action="store_true")),
+    (("--cuda-graph-max-bs",), dict(type=_INT)),
+    (("--cuda-graph-bs",), dict(type=_INT, nargs="+")),
+    (("--disable-cuda-graph",), dict(action="store_true")),
+    (("--disable-cuda-graph-padding",), dict(action="store_true")),
+    (("--enable-torch-compile",), dict(action="store_true")),
+    (("--torch-compile-max-bs",), dict(type=_INT, default=32)),
+    (("--disable-custom-all-reduce",), dict(action="store_true")),
+    (("--enable-p2p-check",), dict(action="store_true")),
+    (("--disable-overlap-schedule",), dict(action="store_true")),
+    (("--enable-mixed-chunk",), dict(action="store_true")),
+    (("--enable-dp-attention",), dict(action="store_true")),
+    (("--disable-chunked-prefix-cache",), dict(action="store_true")),
+    (("--disable-fast-image-processor",), dict(action="store_true")),
+    (("--keep-mm-feature-on-device",), dict(action="store_true")),
+    (("--enable-hierarchical-cache",), dict(action="store_true")),
+    (("--hicache-ratio",), dict(type=_FLOAT, default=2.0)),
+    (("--allow-auto-truncate",), dict(action="store_true")),
+    (("--enable-custom-logit-processor",), dict(action="store_true")),
+    (("--enable-deterministic-inference",), dict(action="store_true")),
+    (("--triton-attention-num-kv-splits",), dict(type=_INT, default=8)),
+    (("--num-continuous-decode-steps",), dict(type=_INT, default=1)),
+    (("--crash-dump-folder",), dict(type=_STR)),
+]
+
+
+def build_parser():
+    parser = argparse.ArgumentParser()
+    for flags, kw in OPTIONS:
+        parser.add_argument(*flags, **kw)
+    return parser
+
+
+def field_order():
+    out = []
+    for flags, kw in OPTIONS:
+        out.append(kw.get("dest") or flags[0][2:].replace("-", "_"))
+    return out
+
+
+class ServerArgs(object):
+    """The resolved arguments; repr like the real dataclass."""
+
+    def __init__(self, ns):
+        self.__dict__.update(vars(ns))
+        self._order = field_order()
+
+    def asdict(self):
+        return dict((k, getattr(self, k)) for k in self._order)
+
+    def __repr__(self):
+        return "ServerArgs(%s)" % ", ".join("%s=%r" % (k, getattr(self, k)) for k in self._order)
+
+
+def version_tuple(v=__version__):
+    parts = []
+    for p in v.replace(".post", ".").split("."):
+        digits = "".join(c for c in p if c.isdigit())
+        parts.append(int(digits or 0))
+    while len(parts) < 4:
+        parts.append(0)
+    return tuple(parts)
+
+
+def prepare(argv):
+    """argparse + __post_init__. Returns (ServerArgs, ModelFacts); raises like the real one."""
+    ns = build_parser().parse_args(argv)
+    a = ServerArgs(ns)
+    util.set_levels(a.log_level, a.log_level_http)
+    if a.tokenizer_path is None:
+        a.tokenizer_path = a.model_path
+    if a.served_model_name is None:
+        a.served_model_name = a.model_path
+    if not os.path.isfile(os.path.join(a.model_path, "config.json")):
+        raise OSError("%s does not appear to have a file named config.json. Checkout 'https://huggingface.co/%s/tree/None' for available files."
+                      % (a.model_path, a.model_path))
+    facts = memory.ModelFacts(a.model_path)
+    if shutil.which("nvidia-smi") is None:
+        raise RuntimeError("nvidia-smi not found. Ensure NVIDIA drivers are installed and accessible.")
+    a.model_dtype = "float32" if a.dtype in ("float", "float32") else "bfloat16" if a.dtype == "auto" else a.dtype
+    derived = facts.max_position_embeddings
+    if a.context_length is None:
+        a.context_length = derived
+    elif a.context_length > derived and os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "").lower() not in ("1", "true"):
+        raise ValueError(
+            "User-specified context_length (%d) is greater than the derived context_length (%d). This may lead to incorrect model outputs "
+            "or CUDA errors. Note that the derived context_length may differ from max_position_embeddings in the model's config. "
+            "To allow overriding this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" % (a.context_length, derived))
+    if a.enable_multimodal is None:
+        a.enable_multimodal = facts.is_multimodal
+    # GPU memory tier defaults (gpu_mem = min memory.total over the visible GPUs, like nvidia-smi)
+    from sglang.srt._kpro_lab import gpustate
+    gpus = visible_gpus(gpustate.load_or_empty().get("gpus", []))
+    gpu_mem = min(g["mem_total_mib"] for _idx, g in gpus) if gpus else None
+    chunk_d, bs_d = memory.gpu_tier_defaults(gpu_mem or 49140, a.tp_size)
+    if a.chunked_prefill_size is None:
+        a.chunked_prefill_size = chunk_d
+    if a.cuda_graph_max_bs is None:
+        a.cuda_graph_max_bs = max(a.cuda_graph_bs) if a.cuda_graph_bs else bs_d
+    if a.attention_backend is None:
+        a.attention_backend = "flashinfer" if not facts.hybrid else "triton"
+    if a.mamba_scheduler_strategy == "auto":
+        a.mamba_scheduler_strategy = "no_buffer"
+    if a.speculative_algorithm == "NEXTN":
+        a.speculative_algorithm = "EAGLE"
+    if a.speculative_algorithm is not None and a.speculative_algorithm != "NGRAM":
+        if a.speculative_num_steps is None and a.speculative_eagle_topk is None and a.speculative_num_draft_tokens is None:
+            a.speculative_num_steps, a.speculative_eagle_topk, a.speculative_num_draft_tokens = 3, 1, 4
+        if a.speculative_num_steps is None:
+            a.speculative_num_steps = 3
+        if a.speculative_eagle_topk is None:
+            a.speculative_eagle_topk = 1
+        if a.speculative_num_draft_tokens is None:
+            a.speculative_num_draft_tokens = a.speculative_num_steps + 1
+        if facts.hybrid and not a.disable_radix_cache:
+            if version_tuple() >= (0, 5, 10, 0):
+                raise ValueError(
+                    "Speculative decoding for %s is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer. "
+                    "To use radix cache with speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set "
+                    "SGLANG_ENABLE_SPEC_V2=1." % facts.arch)
+            util.bare("Disabling radix cache since speculative decoding for %s is not supported with radix cache yet." % facts.arch)
+            a.disable_radix_cache = True
+        if a.max_running_requests is None:
+            a.max_running_requests = 48
+            util.bare("Max running requests is reset to 48 for speculative decoding. You can override this by explicitly setting "
+                      "--max-running-requests.")
+        a.disable_overlap_schedule = True
+        util.bare("Overlap scheduler is disabled when spec v2 is off or using unsupported speculative algorithm. You can set env "
+                  "SGLANG_ENABLE_SPEC_V2=True to enable the experimental overlap scheduler. ")
+        if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != a.speculative_num_steps + 1:
+            util.bare("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1")
+            a.speculative_num_draft_tokens = a.speculative_num_steps + 1
+    elif facts.hybrid and not a.disable_radix_cache and not a.disable_overlap_schedule:
+        util.bare("Disabling overlap schedule since mamba no_buffer is not compatible with overlap schedule, try to use "
+                  "--disable-radix-cache if overlap schedule is necessary")
+        a.disable_overlap_schedule = True
+    if a.mem_fraction_static is None:
+        if gpu_mem is None:
+            a.mem_fraction_static = 0.88
+        else:
+            a.mem_fraction_static = memory.default_mem_fraction(gpu_mem, a.tp_size, a.chunked_prefill_size, a.cuda_graph_max_bs,
+                                                                a.speculative_algorithm, facts, a.pp_size)
+    return a, facts
+
+
+def visible_gpus(state_gpus):
+    """[(state index, gpu)] in CUDA order, honouring CUDA_VISIBLE_DEVICES (indices or UUIDs)."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return list(enumerate(state_gpus))
+    out = []
+    for tok in [t.strip() for t in cvd.split(",") if t.strip()]:
+        found = None
+        if tok.isdigit():
+            i = int(tok)
+            if i < len(state_gpus):
+                found = i
+        else:
+            for i, g in enumerate(state_gpus):
+                if g.get("uuid") and (g["uuid"] == tok or g["uuid"].startswith(tok)):
+                    found = i
+        if found is None:
+            break  # CUDA stops at the first invalid entry
+        out.append((found, state_gpus[found]))
+    return out

@@ -1,0 +1,241 @@
+"""Model facts and SGLang's memory formulas (shared/reference/sglang.md section 4).
+
+All sizes are per TP rank. GiB values are floats (SGLang prints them as "GB").
+"""
+
+import json
+import os
+
+GIB = float(1 << 30)
+MIB = float(1 << 20)
+
+CUDA_CONTEXT_MIB = 466      # what a CUDA context + torch init shows in NVML per process
+NCCL_INIT_MIB = 98          # NCCL communicators / custom all-reduce buffers (TP > 1)
+WARMUP_ACTIVATION_MIB = 208  # caching-allocator growth on the first forward
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+class ModelFacts(object):
+    def __init__(self, model_path):
+        self.model_path = model_path
+        with open(os.path.join(model_path, "config.json")) as f:
+            self.config = json.load(f)
+        cfg = self.config
+        text = dict(cfg.get("text_config") or {})
+        for k, v in cfg.items():
+            if k not in text and k not in ("text_config", "vision_config"):
+                text[k] = v
+        self.text = text
+        self.architectures = cfg.get("architectures") or text.get("architectures") or []
+        self.arch = self.architectures[0] if self.architectures else "UnknownForCausalLM"
+        self.model_type = cfg.get("model_type", text.get("model_type", ""))
+        self.vision = cfg.get("vision_config")
+        self.is_multimodal = bool(self.vision) and self.arch.endswith("ForConditionalGeneration")
+        self.num_layers = int(text.get("num_hidden_layers", 0))
+        self.hidden = int(text.get("hidden_size", 4096))
+        self.intermediate = int(text.get("intermediate_size", 4 * self.hidden))
+        self.vocab = int(text.get("vocab_size", 32000))
+        self.heads = int(text.get("num_attention_heads", 32))
+        self.kv_heads = int(text.get("num_key_value_heads", self.heads))
+        self.head_dim = int(text.get("head_dim") or self.hidden // self.heads)
+        self.v_head_dim = int(text.get("v_head_dim") or self.head_dim)
+        self.max_position_embeddings = int(text.get("max_position_embeddings", 4096))
+        self.torch_dtype = text.get("torch_dtype") or text.get("dtype") or "bfloat16"
+        self.hybrid = "linear_num_value_heads" in text or "linear_attention" in (text.get("layer_types") or [])
+        layer_types = text.get("layer_types")
+        if layer_types:
+            self.full_layers = [i for i, t in enumerate(layer_types) if t == "full_attention"]
+        elif self.hybrid:
+            interval = int(text.get("full_attention_interval", 4))
+            self.full_layers = [i for i in range(self.num_layers) if (i + 1) % interval == 0]
+        else:
+            self.full_layers = list(range(self.num_layers))
+        self.linear_layers = self.num_layers - len(self.full_layers) if self.hybrid else 0
+        self.lin_k_heads = int(text.get("linear_num_key_heads", 0))
+        self.lin_v_heads = int(text.get("linear_num_value_heads", 0))
+        self.lin_k_dim = int(text.get("linear_key_head_dim", 128))
+        self.lin_v_dim = int(text.get("linear_value_head_dim", 128))
+        self.conv_kernel = int(text.get("linear_conv_kernel_dim", 4))
+        self.mamba_ssm_dtype = text.get("mamba_ssm_dtype") or "float32"
+        self.mtp_layers = int(text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers", 0)) or 0)
+        index = os.path.join(model_path, "model.safetensors.index.json")
+        self.total_size = None
+        self.shards = []
+        if os.path.isfile(index):
+            with open(index) as f:
+                idx = json.load(f)
+            self.total_size = int((idx.get("metadata") or {}).get("total_size", 0)) or None
+            self.shards = sorted(set((idx.get("weight_map") or {}).values()))
+        if self.total_size is None:
+            self.total_size = sum(os.path.getsize(os.path.join(model_path, n)) for n in os.listdir(model_path) if n.endswith(".safetensors"))
+            self.shards = sorted(n for n in os.listdir(model_path) if n.endswith(".safetensors"))
+        if not self.shards:
+            self.shards = ["model.safetensors"]
+
+    def vit_dims(self):
+        v = self.vision or {}
+        layers = v.get("num_hidden_layers") or 24
+        return int(layers), int(v.get("hidden_size") or 1152)
+
+
+def dtype_bytes(name, default=2):
+    return _DTYPE_BYTES.get(str(name).replace("torch.", ""), default)
+
+
+def weights_per_rank_bytes(facts, tp, dtype_scale=1.0):
+    return facts.total_size * dtype_scale / tp
+
+
+def draft_weights_per_rank_bytes(facts, tp):
+    """The MTP draft's own parameters (one decoder layer + fc + norms); embed/lm_head are shared."""
+    if facts.mtp_layers <= 0:
+        return 0.0
+    h = facts.hidden
+    attn = h * facts.heads * facts.head_dim * 2 + h * facts.kv_heads * facts.head_dim * 2 + facts.heads * facts.head_dim * h
+    mlp = 3 * h * facts.intermediate
+    fc = 2 * h * h
+    return facts.mtp_layers * (attn + mlp + fc) * 2.0 / tp
+
+
+def kv_heads_per_rank(facts, tp):
+    return max(1, facts.kv_heads // tp)
+
+
+def cell_size(facts, tp, kv_bytes, num_layers=None):
+    """Bytes per token of the MHA KV pool: heads * (head_dim + v_head_dim) * layers * elem."""
+    layers = len(facts.full_layers) if num_layers is None else num_layers
+    return kv_heads_per_rank(facts, tp) * (facts.head_dim + facts.v_head_dim) * layers * kv_bytes
+
+
+def mamba_shapes(facts, tp, ssm_dtype):
+    conv_dim = facts.lin_v_dim * facts.lin_v_heads + 2 * facts.lin_k_heads * facts.lin_k_dim
+    conv_per_layer = (conv_dim // tp) * (facts.conv_kernel - 1) * 2
+    ssm_per_layer = (facts.lin_v_heads // tp) * facts.lin_v_dim * facts.lin_k_dim * dtype_bytes(ssm_dtype, 4)
+    return conv_per_layer, ssm_per_layer
+
+
+def mamba_cache_per_req(facts, tp, ssm_dtype):
+    conv, ssm = mamba_shapes(facts, tp, ssm_dtype)
+    return (conv + ssm) * facts.linear_layers
+
+
+def default_mem_fraction(gpu_mem_mib, tp, chunked, cuda_graph_max_bs, spec_algo, facts, pp=1):
+    """``_handle_gpu_memory_settings`` (section 4.2) plus the VLM adjustment."""
+    reserved = 512.0
+    if chunked > 0:
+        reserved += max(chunked, 2048) * 1.5
+    reserved += cuda_graph_max_bs * 2
+    reserved += tp * pp / 8.0 * 1024
+    if gpu_mem_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    if spec_algo is not None:
+        if spec_algo == "STANDALONE":
+            reserved += 6 * 1024
+        elif spec_algo != "NGRAM":
+            reserved += 2 * 1024
+    mf = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+    if facts.is_multimodal:
+        layers, hidden = facts.vit_dims()
+        factor = 1 - 0.1 * (layers * hidden * hidden / (24.0 * 1024 * 1024) - 1)
+        mf = round(mf * 0.95 * min(max(factor, 0.8), 1.05), 3)
+    return mf
+
+
+def gpu_tier_defaults(gpu_mem_mib, tp):
+    """(chunked_prefill_size, cuda_graph_max_bs) by GPU memory tier (4096/32 for 35-60 GB, tp<4)."""
+    g = gpu_mem_mib / 1024.0
+    if g < 20:
+        return 2048, (8 if tp < 4 else 16)
+    if g < 35:
+        return 2048, (24 if tp < 4 else 80)
+    if g < 60:
+        return 4096, (32 if tp < 4 else 160)
+    if g < 90:
+        return 8192, (256 if tp < 4 else 512)
+    return 8192, (256 if tp < 4 else 512)
+
+
+class PoolPlan(object):
+    """``profile_max_num_token`` + ``handle_max_mamba_cache`` + ``init_memory_pool``."""
+
+    def __init__(self, facts, args, total_gpu_gib, available_gib):
+        tp = args.tp_size
+        kv_bytes = dtype_bytes(args.kv_cache_dtype if args.kv_cache_dtype not in (None, "auto") else args.model_dtype, 2)
+        self.cell = cell_size(facts, tp, kv_bytes)
+        self.kv_bytes = kv_bytes
+        self.rest_before_mamba = available_gib - total_gpu_gib * (1 - args.mem_fraction_static)
+        rest = self.rest_before_mamba
+        self.per_req = 0
+        self.intermediate_reserved_gib = 0.0
+        self.max_mamba_cache_size = None
+        draft = args.speculative_num_draft_tokens or 0
+        if facts.hybrid:
+            self.per_req = mamba_cache_per_req(facts, tp, args.mamba_ssm_dtype or facts.mamba_ssm_dtype)
+            if args.speculative_algorithm is not None:
+                self.intermediate_reserved_gib = self.per_req * (args.max_running_requests or 0) * draft / GIB
+                rest -= self.intermediate_reserved_gib
+            if args.max_mamba_cache_size is not None:
+                size = args.max_mamba_cache_size
+            elif args.disable_radix_cache and args.max_running_requests is not None:
+                size = args.max_running_requests
+            else:
+                raw = rest * args.mamba_full_memory_ratio / (1 + args.mamba_full_memory_ratio)
+                size = int(raw * GIB // self.per_req)
+            self.max_mamba_cache_size = size
+            rest -= size * self.per_req / GIB
+        self.rest_gib = rest
+        tokens = int(rest * GIB) // self.cell if self.cell else 0
+        page = args.page_size or 1
+        tokens = tokens // page * page
+        self.max_total_num_tokens = tokens
+        if args.max_total_tokens is not None and 0 < args.max_total_tokens < tokens:
+            self.max_total_num_tokens = args.max_total_tokens // page * page
+        ctx = args.context_length
+        if args.max_running_requests is None:
+            max_num_reqs = min(max(int(self.max_total_num_tokens / float(ctx) * 512), 2048), 4096)
+        else:
+            max_num_reqs = args.max_running_requests
+        if facts.hybrid and self.max_mamba_cache_size is not None:
+            ratio = 1 if args.disable_radix_cache else 3
+            max_num_reqs = min(max_num_reqs, max(self.max_mamba_cache_size // ratio, 0))
+        self.req_pool_size = max_num_reqs
+        self.fits = self.max_total_num_tokens > 0
+        mrr_cli = args.max_running_requests
+        self.max_running_requests = min(mrr_cli if mrr_cli else self.max_total_num_tokens // 2, self.req_pool_size)
+        self.max_req_len = min(ctx - 1, self.max_total_num_tokens - 1)
+        # allocations (bytes)
+        L = facts.linear_layers
+        conv, ssm = mamba_shapes(facts, tp, args.mamba_ssm_dtype or facts.mamba_ssm_dtype) if facts.hybrid else (0, 0)
+        size = (self.max_mamba_cache_size or 0) + 1
+        self.conv_bytes = L * size * conv
+        self.ssm_bytes = L * size * ssm
+        if facts.hybrid and args.speculative_algorithm is not None:
+            spec_size = (args.max_running_requests or 0) + 1
+            self.inter_ssm_bytes = L * spec_size * draft * ssm
+            self.inter_conv_bytes = L * spec_size * draft * conv
+        else:
+            self.inter_ssm_bytes = self.inter_conv_bytes = 0
+        self.mamba_bytes = self.conv_bytes + self.ssm_bytes + self.inter_ssm_bytes + self.inter_conv_bytes if facts.hybrid else 0
+        n = max(self.max_total_num_tokens, 0) + page
+        layers = len(facts.full_layers)
+        heads = kv_heads_per_rank(facts, tp)
+        self.k_bytes = n * heads * facts.head_dim * layers * kv_bytes
+        self.v_bytes = n * heads * facts.v_head_dim * layers * kv_bytes
+        self.req_to_token_bytes = (max_num_reqs + 1) * (ctx + 4) * 4
+        self.draft_k_bytes = n * heads * facts.head_dim * 1 * kv_bytes
+        self.draft_v_bytes = n * heads * facts.v_head_dim * 1 * kv_bytes
+
+    def as_dict(self):
+        keys = ("cell", "rest_before_mamba", "per_req", "intermediate_reserved_gib", "max_mamba_cache_size", "rest_gib",
+                "max_total_num_tokens", "req_pool_size", "max_running_requests", "max_req_len", "mamba_bytes",
+                "k_bytes", "v_bytes")
+        return dict((k, getattr(self, k)) for k in keys)
+
+
+def cuda_graph_mib(max_bs):
+    return 256 + 12 * max_bs
+
+
+def draft_graph_mib(max_bs):
+    return 96 + 4 * max_bs
