@@ -1,0 +1,575 @@
+#!/usr/bin/env python3
+"""Start, stop and drive the lab's simulated Proxmox node kpro5 (run as root).
+
+    labctl.py up | down [--keep-disk] | status | reset | root | exec -- CMD...
+    labctl.py reboot | kernel-upgrade [RELEASE]
+
+See tests/lab/README.md. Everything ``up`` starts is recorded by PID (with its
+/proc/PID/stat start time) under tests/lab/.run/pids/ and ended by PID at ``down``.
+All mounts live in the node's private mount namespace; the node has its own network
+(kpgs-kpro5), PID, UTS and IPC namespaces.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "rootfs", "usr", "lib", "kpro-lab"))
+
+import labstate  # noqa: E402
+import rootfs_cache  # noqa: E402
+
+LAB_ID = os.environ.get("KPGS_LAB_ID", "kpgs")
+RUN = os.path.join(HERE, ".run")
+NODE = os.path.join(RUN, "kpro5")
+UPPER = os.path.join(NODE, "upper")
+WORK = os.path.join(NODE, "work")
+MERGED = os.path.join(NODE, "root")
+FUSEDIR = os.path.join(NODE, "fuse")
+PIDS = os.path.join(RUN, "pids")
+SSHDIR = os.path.join(RUN, "ssh")
+NETNS = "%s-kpro5" % LAB_ID
+VETH_H, VETH_N = "%s5h" % LAB_ID, "%s5n" % LAB_ID
+HOST_IP, NODE_IP = "10.213.5.1", "10.213.5.2"
+PACKAGES = {"openssh-server": "/usr/sbin/sshd", "debootstrap": "/usr/sbin/debootstrap", "fuse3": "/usr/bin/fusermount3",
+            "iproute2": "/usr/sbin/ip"}
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NODE_ENV = {"PATH": NODE_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", "USER": "root", "LOGNAME": "root"}
+SSHD_CONFIG = """# kpro5 (kpro lab): key-only root login from the lab key
+Port 22
+ListenAddress %s
+HostKey /etc/ssh/ssh_host_ed25519_key
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+AuthorizedKeysFile .ssh/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+X11Forwarding no
+PrintMotd no
+UseDNS no
+MaxStartups 100:30:200
+MaxSessions 100
+AcceptEnv LANG LC_*
+Subsystem sftp /usr/lib/openssh/sftp-server
+""" % NODE_IP
+
+
+def log(msg):
+    print("labctl: %s" % msg, file=sys.stderr, flush=True)
+
+
+def sh(cmd, check=True, **kw):
+    return subprocess.run(cmd, check=check, **kw)
+
+
+def quiet(cmd):
+    return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False).returncode
+
+
+# --------------------------------------------------------------------------------------
+# PIDs (recorded with their start time, so a recycled PID is never signalled)
+# --------------------------------------------------------------------------------------
+
+def starttime(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def record(role, pid):
+    os.makedirs(PIDS, exist_ok=True)
+    with open(os.path.join(PIDS, role + ".pid"), "w") as f:
+        f.write("%d %d\n" % (pid, starttime(pid) or 0))
+
+
+def recorded():
+    out = {}
+    try:
+        names = sorted(os.listdir(PIDS))
+    except OSError:
+        return out
+    for name in names:
+        if not name.endswith(".pid"):
+            continue
+        try:
+            pid, st = open(os.path.join(PIDS, name)).read().split()
+            out[name[:-4]] = (int(pid), int(st))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def alive_ours(pid, st):
+    """True if ``pid`` is running and is the process we started (same start time, not a zombie)."""
+    if starttime(pid) != st:
+        return False
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def pid_of(role):
+    ent = recorded().get(role)
+    if ent and alive_ours(*ent):
+        return ent[0]
+    return None
+
+
+def children(pid):
+    out = []
+    try:
+        for tid in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def descendants(pid):
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children(p):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def nspid(pid):
+    """The PID as seen inside its innermost PID namespace."""
+    try:
+        for line in open("/proc/%d/status" % pid):
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except OSError:
+        pass
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# Controller preparation
+# --------------------------------------------------------------------------------------
+
+def ensure_packages():
+    missing = [p for p, exe in PACKAGES.items() if not os.path.exists(exe)]
+    if not missing:
+        return
+    log("installing %s" % " ".join(missing))
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    sh(["apt-get", "update", "-qq"], env=env)
+    sh(["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + missing, env=env)
+
+
+def ensure_keys():
+    os.makedirs(SSHDIR, mode=0o700, exist_ok=True)
+    client = os.path.join(SSHDIR, "id_ed25519")
+    host = os.path.join(SSHDIR, "ssh_host_ed25519_key")
+    for path, comment in ((client, "kpgs-lab-client"), (host, "root@kpro5")):
+        if not os.path.exists(path):
+            sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path])
+    hostpub = open(host + ".pub").read().split()
+    with open(os.path.join(SSHDIR, "known_hosts"), "w") as f:
+        f.write("%s,kpro5 %s %s\n" % (NODE_IP, hostpub[0], hostpub[1]))
+    cfg = os.path.join(SSHDIR, "config")
+    with open(cfg, "w") as f:
+        f.write("Host kpro5 %s\n  HostName %s\n  User root\n  IdentityFile %s\n  IdentitiesOnly yes\n  UserKnownHostsFile %s\n"
+                "  StrictHostKeyChecking yes\n  BatchMode yes\n" % (NODE_IP, NODE_IP, client, os.path.join(SSHDIR, "known_hosts")))
+
+
+def ssh_args():
+    return ["ssh", "-i", os.path.join(SSHDIR, "id_ed25519"), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", "UserKnownHostsFile=" + os.path.join(SSHDIR, "known_hosts"), "-o", "StrictHostKeyChecking=yes",
+            "-o", "ConnectTimeout=3", "root@" + NODE_IP]
+
+
+def fresh_upper():
+    return not os.path.isdir(UPPER) or not os.listdir(UPPER)
+
+
+def seed_upper():
+    import seed
+    os.makedirs(UPPER, exist_ok=True)
+    shutil.copytree(os.path.join(HERE, "rootfs"), UPPER, symlinks=True, dirs_exist_ok=True)
+    seed.seed(UPPER)
+
+
+def install_access(root):
+    """(Re)install the lab's keys and sshd config into the node's disk (every up: keys are per run)."""
+    os.makedirs(os.path.join(root, "root/.ssh"), mode=0o700, exist_ok=True)
+    shutil.copy(os.path.join(SSHDIR, "id_ed25519.pub"), os.path.join(root, "root/.ssh/authorized_keys"))
+    os.chmod(os.path.join(root, "root/.ssh/authorized_keys"), 0o600)
+    os.makedirs(os.path.join(root, "etc/ssh"), exist_ok=True)
+    for suffix in ("", ".pub"):
+        dst = os.path.join(root, "etc/ssh/ssh_host_ed25519_key" + suffix)
+        shutil.copy(os.path.join(SSHDIR, "ssh_host_ed25519_key" + suffix), dst)
+        os.chmod(dst, 0o600 if not suffix else 0o644)
+    with open(os.path.join(root, "etc/ssh/sshd_config"), "w") as f:
+        f.write(SSHD_CONFIG)
+
+
+def refresh_fakes(root):
+    """Fakes and their library are the lab's code, not node data: refresh them on every up."""
+    shutil.copytree(os.path.join(HERE, "rootfs"), root, symlinks=True, dirs_exist_ok=True)
+
+
+def run_build_scripts():
+    d = os.path.join(HERE, "build.d")
+    if not os.path.isdir(d):
+        return
+    env = dict(os.environ, KPGS_NODE_ROOT=UPPER, KPGS_RUN=RUN)
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".sh"):
+            t0 = time.time()
+            sh(["sh", os.path.join(d, name)], env=env)
+            log("build.d/%s done (%.1fs)" % (name, time.time() - t0))
+
+
+def netns_up():
+    if quiet(["ip", "netns", "exec", NETNS, "true"]) != 0:
+        sh(["ip", "netns", "add", NETNS])
+    if quiet(["ip", "link", "show", VETH_H]) != 0:
+        sh(["ip", "link", "add", VETH_H, "type", "veth", "peer", "name", VETH_N])
+        sh(["ip", "link", "set", VETH_N, "netns", NETNS])
+    quiet(["ip", "addr", "add", HOST_IP + "/24", "dev", VETH_H])
+    sh(["ip", "link", "set", VETH_H, "up"])
+    quiet(["ip", "netns", "exec", NETNS, "ip", "addr", "add", NODE_IP + "/24", "dev", VETH_N])
+    sh(["ip", "netns", "exec", NETNS, "ip", "link", "set", VETH_N, "up"])
+    sh(["ip", "netns", "exec", NETNS, "ip", "link", "set", "lo", "up"])
+    quiet(["ip", "netns", "exec", NETNS, "ip", "route", "add", "default", "via", HOST_IP])
+
+
+def netns_down():
+    if quiet(["ip", "link", "show", VETH_H]) == 0:
+        quiet(["ip", "link", "del", VETH_H])
+    if os.path.exists("/run/netns/" + NETNS):
+        sh(["ip", "netns", "del", NETNS])
+
+
+# --------------------------------------------------------------------------------------
+# The node's init (PID 1 of its PID namespace, in its private mount namespace)
+# --------------------------------------------------------------------------------------
+
+def _mount(*args):
+    subprocess.run(["mount"] + list(args), check=True)
+
+
+def _spawn(argv, logname, chroot=True, env=None):
+    logdir = os.path.join(MERGED, "var/log/kpro-lab")
+    os.makedirs(logdir, exist_ok=True)
+    out = open(os.path.join(logdir, logname), "ab")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            if chroot:
+                os.chroot(MERGED)
+                os.chdir("/")
+            devnull = os.open("/dev/null", os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+            os.execve(argv[0], argv, env or NODE_ENV)
+        except BaseException as e:  # noqa: BLE001
+            os.write(2, ("exec %s failed: %s\n" % (argv, e)).encode())
+        os._exit(127)
+    out.close()
+    return pid
+
+
+def _wait_for(pred, timeout, what):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise RuntimeError("timed out waiting for %s" % what)
+
+
+def node_init():
+    """Runs as PID 1 of the node's namespaces: mounts, then fakesys, sshd, services; reaps."""
+    roles = {}
+    _mount("--make-rprivate", "/")
+    for d in (UPPER, WORK, MERGED, FUSEDIR):
+        os.makedirs(d, exist_ok=True)
+    lower = rootfs_cache.rootfs_dir()
+    _mount("-t", "overlay", "kpgs-kpro5", "-o", "lowerdir=%s,upperdir=%s,workdir=%s" % (lower, UPPER, WORK), MERGED)
+    _mount("-t", "proc", "proc", os.path.join(MERGED, "proc"))
+    fs_pid = _spawn([sys.executable, "-W", "ignore", os.path.join(HERE, "fakesys.py"), MERGED, FUSEDIR], "fakesys.log",
+                    chroot=False, env=dict(os.environ))
+    roles["fakesys"] = fs_pid
+    _wait_for(lambda: os.path.isdir(os.path.join(FUSEDIR, "sys", "bus")), 20, "the FUSE /sys")
+    _mount("--bind", os.path.join(FUSEDIR, "sys"), os.path.join(MERGED, "sys"))
+    for rel in ("devices", "modules", "cmdline", "sys/kernel/osrelease", "driver"):
+        if os.path.exists(os.path.join(MERGED, "proc", rel)):
+            _mount("--bind", os.path.join(FUSEDIR, "proc", rel), os.path.join(MERGED, "proc", rel))
+    dev = os.path.join(MERGED, "dev")
+    _mount("-t", "tmpfs", "-o", "mode=755,nosuid", "kpgs-dev", dev)
+    for name, major, minor, mode in (("null", 1, 3, 0o666), ("zero", 1, 5, 0o666), ("full", 1, 7, 0o666),
+                                     ("random", 1, 8, 0o666), ("urandom", 1, 9, 0o666), ("tty", 5, 0, 0o666)):
+        os.mknod(os.path.join(dev, name), 0o020000 | mode, os.makedev(major, minor))
+        os.chmod(os.path.join(dev, name), mode)
+    for d in ("pts", "shm", "vfio"):
+        os.makedirs(os.path.join(dev, d), exist_ok=True)
+    _mount("-t", "devpts", "-o", "newinstance,ptmxmode=0666,mode=620,gid=5", "devpts", os.path.join(dev, "pts"))
+    os.symlink("pts/ptmx", os.path.join(dev, "ptmx"))
+    _mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "shm", os.path.join(dev, "shm"))
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, os.path.join(dev, name))
+    _mount("-t", "tmpfs", "-o", "mode=755,nosuid,nodev", "kpgs-run", os.path.join(MERGED, "run"))
+    for d in ("sshd", "lock", "qemu-server", "lxc"):
+        os.makedirs(os.path.join(MERGED, "run", d), exist_ok=True)
+    os.chmod(os.path.join(MERGED, "run/sshd"), 0o755)
+    socket.sethostname("kpro5")
+    roles["anchor"] = _spawn(["/bin/sleep", "infinity"], "anchor.log")
+    roles["sshd"] = _spawn(["/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config"], "sshd.log")
+    sd = os.path.join(MERGED, "usr/lib/kpro-lab/services.d")
+    if os.path.isdir(sd):
+        for name in sorted(os.listdir(sd)):
+            path = os.path.join(sd, name)
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                roles["svc-" + name] = _spawn(["/usr/lib/kpro-lab/services.d/" + name], "svc-%s.log" % name)
+    with open(os.path.join(PIDS, "ns-map.json.tmp"), "w") as f:
+        json.dump(roles, f)
+    os.rename(os.path.join(PIDS, "ns-map.json.tmp"), os.path.join(PIDS, "ns-map.json"))
+    signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+    while True:  # reap
+        try:
+            os.wait()
+        except ChildProcessError:
+            time.sleep(1)
+
+
+# --------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------
+
+def ssh_ok(timeout=5):
+    try:
+        return subprocess.run(ssh_args() + ["true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=timeout).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def healthy():
+    ents = recorded()
+    need = ("supervisor", "init", "fakesys", "sshd", "anchor")
+    if not all(r in ents and alive_ours(*ents[r]) for r in need):
+        return False
+    return ssh_ok()
+
+
+def node_root():
+    pid = pid_of("anchor")
+    if pid is None:
+        raise SystemExit("labctl: the lab is not up")
+    return "/proc/%d/root" % pid
+
+
+def summary():
+    ents = recorded()
+    return "kpro5 up: ssh root@%s (key %s), netns %s, root %s, pids %s" % (
+        NODE_IP, os.path.relpath(os.path.join(SSHDIR, "id_ed25519")), NETNS, node_root(),
+        " ".join("%s=%d" % (k, v[0]) for k, v in sorted(ents.items())))
+
+
+def cmd_up(args):
+    if os.geteuid() != 0:
+        raise SystemExit("labctl: must run as root")
+    if recorded() and healthy():
+        print(summary())
+        return 0
+    if recorded() or os.path.exists("/run/netns/" + NETNS):
+        log("the lab is partly up: stopping it first (disk kept)")
+        cmd_down(argparse.Namespace(keep_disk=True))
+    t0 = time.time()
+    ensure_packages()
+    rootfs_cache.ensure_rootfs(log)
+    os.makedirs(PIDS, exist_ok=True)
+    ensure_keys()
+    if fresh_upper():
+        log("fresh node: seeding %s" % os.path.relpath(UPPER))
+        seed_upper()
+    else:
+        refresh_fakes(UPPER)
+    install_access(UPPER)
+    run_build_scripts()
+    netns_up()
+    for stale in ("ns-map.json",):
+        if os.path.exists(os.path.join(PIDS, stale)):
+            os.unlink(os.path.join(PIDS, stale))
+    os.makedirs(NODE, exist_ok=True)
+    logf = open(os.path.join(NODE, "init.log"), "ab")
+    proc = subprocess.Popen(["ip", "netns", "exec", NETNS, "unshare", "--mount", "--pid", "--uts", "--ipc", "--fork",
+                             "--propagation", "private", sys.executable, os.path.abspath(__file__), "_init"],
+                            stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, cwd="/")
+    record("supervisor", proc.pid)
+    try:
+        _wait_for(lambda: os.path.exists(os.path.join(PIDS, "ns-map.json")) or proc.poll() is not None, 60, "the node's init")
+        if proc.poll() is not None:
+            raise RuntimeError("the node's init exited (rc %s); see %s" % (proc.returncode, os.path.join(NODE, "init.log")))
+        kids = children(proc.pid)
+        if not kids:
+            raise RuntimeError("no init process under the supervisor")
+        init = kids[0]
+        record("init", init)
+        roles = json.load(open(os.path.join(PIDS, "ns-map.json")))
+        byns = {nspid(p): p for p in descendants(init)}
+        for role, npid in roles.items():
+            if npid in byns:
+                record(role, byns[npid])
+        _wait_for(ssh_ok, 30, "ssh on %s" % NODE_IP)
+    except Exception as e:
+        log("up failed: %s" % e)
+        cmd_down(argparse.Namespace(keep_disk=True))
+        return 1
+    print(summary() + " (%.1fs)" % (time.time() - t0))
+    return 0
+
+
+def _kill_wait(pids, sig, timeout):
+    for pid, st in pids:
+        if alive_ours(pid, st):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    end = time.time() + timeout
+    while time.time() < end:
+        if not any(alive_ours(p, s) for p, s in pids):
+            return True
+        time.sleep(0.05)
+    return not any(alive_ours(p, s) for p, s in pids)
+
+
+def cmd_down(args):
+    ents = recorded()
+    init = ents.get("init")
+    sup = ents.get("supervisor")
+    if init:
+        # PID 1 of the node's PID namespace: killing it ends every process in the namespace.
+        _kill_wait([init], signal.SIGKILL, 10)
+    if sup and alive_ours(*sup):
+        kids = children(sup[0])
+        for k in kids:  # the init, if it was not recorded yet (up interrupted)
+            st = starttime(k)
+            if st is not None:
+                _kill_wait([(k, st)], signal.SIGKILL, 10)
+        if not _kill_wait([sup], signal.SIGTERM, 5):
+            _kill_wait([sup], signal.SIGKILL, 5)
+    left = [r for r, e in ents.items() if alive_ours(*e)]
+    if not _kill_wait(list(ents.values()), signal.SIGKILL, 10):
+        raise SystemExit("labctl: processes still alive: %s" % left)
+    netns_down()
+    if getattr(args, "keep_disk", False):
+        for p in (PIDS, SSHDIR, WORK, MERGED, FUSEDIR):
+            shutil.rmtree(p, ignore_errors=True)
+    else:
+        shutil.rmtree(RUN, ignore_errors=True)
+    if ents:
+        print("kpro5 down")
+    return 0
+
+
+def cmd_status(args):
+    if recorded() and healthy():
+        print(summary())
+        return 0
+    print("kpro5 down" if not recorded() else "kpro5 unhealthy: %s" % {k: alive_ours(*v) for k, v in recorded().items()})
+    return 3
+
+
+def cmd_root(args):
+    print(node_root())
+    return 0
+
+
+def exec_argv(argv):
+    pid = pid_of("anchor")
+    if pid is None:
+        raise SystemExit("labctl: the lab is not up")
+    return ["nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--"] + argv
+
+
+def cmd_exec(args):
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        argv = ["/bin/bash"]
+    return subprocess.run(exec_argv(argv), env=NODE_ENV).returncode
+
+
+def _reboot(release=None):
+    root = node_root()
+    with labstate.modify(root) as st:
+        if release:
+            labstate.install_kernel(st, release, root)
+        labstate.boot(st, root, release)
+        rel = st["kernel"]["release"]
+    devdir = os.path.join(root, "dev")
+    for name in os.listdir(devdir):  # a fresh devtmpfs: nodes made by nvidia-modprobe are gone
+        if name.startswith("nvidia"):
+            p = os.path.join(devdir, name)
+            shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+    with open(os.path.join(root, "var/lib/kpro-lab/calls.log"), "a") as f:
+        f.write("%s labctl %s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), "kernel-upgrade" if release else "reboot", rel))
+    return rel
+
+
+def cmd_reboot(args):
+    print("kpro5 rebooted into %s" % _reboot())
+    return 0
+
+
+def cmd_kernel_upgrade(args):
+    st = labstate.load(node_root())
+    rel = args.release or labstate.next_release(st["kernel"]["release"])
+    print("kpro5 upgraded and rebooted into %s" % _reboot(rel))
+    return 0
+
+
+def cmd_reset(args):
+    cmd_down(argparse.Namespace(keep_disk=False))
+    return cmd_up(args)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="labctl.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("up")
+    p = sub.add_parser("down")
+    p.add_argument("--keep-disk", action="store_true", help="keep .run/kpro5/upper (the node's disk)")
+    sub.add_parser("status")
+    sub.add_parser("reset")
+    sub.add_parser("root")
+    p = sub.add_parser("exec")
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    sub.add_parser("reboot")
+    p = sub.add_parser("kernel-upgrade")
+    p.add_argument("release", nargs="?")
+    sub.add_parser("_init")
+    args = ap.parse_args(argv)
+    if args.cmd == "_init":
+        node_init()
+        return 0
+    return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "reset": cmd_reset, "root": cmd_root, "exec": cmd_exec,
+            "reboot": cmd_reboot, "kernel-upgrade": cmd_kernel_upgrade}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

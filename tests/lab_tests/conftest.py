@@ -1,0 +1,68 @@
+"""Lab tests: need root and bring the lab up (tests/lab/labctl.py) for the session."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+LABCTL = os.path.join(REPO, "tests", "lab", "labctl.py")
+RUN = os.path.join(REPO, "tests", "lab", ".run")
+SSH_DIR = os.path.join(RUN, "ssh")
+NODE_IP = "10.213.5.2"
+sys.path.insert(0, os.path.join(REPO, "tests", "lab"))
+sys.path.insert(0, os.path.join(REPO, "tests", "lab", "rootfs", "usr", "lib", "kpro-lab"))
+
+
+def labctl(*args, check=True, **kw):
+    return subprocess.run([sys.executable, LABCTL] + list(args), check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, **kw)
+
+
+def lab_is_up():
+    return labctl("status", check=False).returncode == 0
+
+
+class Lab:
+    ip = NODE_IP
+
+    @property
+    def root(self):
+        return labctl("root").stdout.strip()
+
+    @property
+    def ssh_args(self):
+        return ["ssh", "-i", os.path.join(SSH_DIR, "id_ed25519"), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+                "-o", "UserKnownHostsFile=" + os.path.join(SSH_DIR, "known_hosts"), "-o", "StrictHostKeyChecking=yes",
+                "root@" + NODE_IP]
+
+    def ssh(self, command, check=True):
+        return subprocess.run(self.ssh_args + [command], check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=60)
+
+    def exec(self, *argv, check=True):
+        return labctl("exec", "--", *argv, check=check)
+
+    def sh(self, script, check=True):
+        return self.exec("/bin/sh", "-c", script, check=check)
+
+    def state(self):
+        import labstate
+        return labstate.load(self.root)
+
+    def labctl(self, *args, check=True):
+        return labctl(*args, check=check)
+
+
+@pytest.fixture(scope="session")
+def lab():
+    if os.geteuid() != 0:
+        pytest.skip("lab tests need root")
+    started = not lab_is_up()
+    if started:
+        r = labctl("up", check=False)
+        assert r.returncode == 0, r.stderr + r.stdout
+    yield Lab()
+    if started:
+        labctl("down")
