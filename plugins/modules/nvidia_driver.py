@@ -194,6 +194,9 @@ class Driver(object):
         self.log.append({"cmd": argv, "rc": rc})
         return rc, out, err
 
+    def systemctl(self):
+        return self.m.get_bin_path("systemctl", required=True)
+
     # --- observation -------------------------------------------------------------
     def kernel_release(self):
         rel = _read(os.path.join(self.p["proc_root"], "sys/kernel/osrelease"))
@@ -294,8 +297,8 @@ class Driver(object):
         """Unit file written, enabled and active; the queries are read-only, so check mode is truthful."""
         path = os.path.join(self.p["systemd_dir"], name)
         write = _read(path) != content
-        enabled = not write and self.m.run_command(["systemctl", "is-enabled", name])[1].strip() == "enabled"
-        active = not write and self.m.run_command(["systemctl", "is-active", name])[1].strip() == "active"
+        enabled = not write and self.m.run_command([self.systemctl(), "is-enabled", name])[1].strip() == "enabled"
+        active = not write and self.m.run_command([self.systemctl(), "is-active", name])[1].strip() == "active"
         if write or not enabled or not active:
             self.changed = True
         if self.m.check_mode:
@@ -305,11 +308,11 @@ class Driver(object):
             with open(tmp, "w") as f:
                 f.write(content)
             os.rename(tmp, path)
-            self.run(["systemctl", "daemon-reload"])
+            self.run([self.systemctl(), "daemon-reload"])
         if not enabled:
-            self.run(["systemctl", "enable", name])
+            self.run([self.systemctl(), "enable", name])
         if not active:
-            rc, out, err = self.run(["systemctl", "start", name])
+            rc, out, err = self.run([self.systemctl(), "start", name])
             if rc != 0:
                 self.fail("driver_not_loaded", "systemctl start %s failed: %s" % (name, (err or out).strip()))
 

@@ -34,6 +34,7 @@ UPPER = os.path.join(NODE, "upper")
 WORK = os.path.join(NODE, "work")
 MERGED = os.path.join(NODE, "root")
 FUSEDIR = os.path.join(NODE, "fuse")
+CTDIR = os.path.join(RUN, "ct")
 PIDS = os.path.join(RUN, "pids")
 SSHDIR = os.path.join(RUN, "ssh")
 NETNS = "%s-kpro5" % LAB_ID
@@ -335,6 +336,14 @@ def node_init():
     for d in ("sshd", "lock", "qemu-server", "lxc"):
         os.makedirs(os.path.join(MERGED, "run", d), exist_ok=True)
     os.chmod(os.path.join(MERGED, "run/sshd"), 0o755)
+    # Container 129's disk and its base image: the container runtime (ct/runtime.py)
+    # mounts its overlay from these. The disk lives under .run, on a real filesystem
+    # (an overlay upper cannot sit on the node's own overlay).
+    ct_base, ct_disks = os.path.join(MERGED, "var/lib/kpro-lab/ct-base"), os.path.join(MERGED, "var/lib/kpro-lab/ct")
+    for d in (ct_base, ct_disks, CTDIR):
+        os.makedirs(d, exist_ok=True)
+    _mount("--bind", "-o", "ro", lower, ct_base)
+    _mount("--bind", CTDIR, ct_disks)
     socket.sethostname("kpro5")
     roles["anchor"] = _spawn(["/bin/sleep", "infinity"], "anchor.log")
     roles["sshd"] = _spawn(["/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config"], "sshd.log")

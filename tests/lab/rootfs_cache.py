@@ -16,7 +16,7 @@ import time
 MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
 # No kmod: modprobe/rmmod/lsmod are the lab's fakes. python3 for Ansible and the fakes.
-PACKAGES = ["python3", "openssh-server", "procps", "iproute2", "ca-certificates"]
+PACKAGES = ["python3", "python3-venv", "openssh-server", "procps", "iproute2", "ca-certificates"]
 STAMP_VERSION = "1"
 
 

@@ -883,7 +883,7 @@ def boot(st, root=None, release=None):
         dev["driver_override"] = None
     for gpu in st.get("gpus") or []:
         gpu["processes"] = []
-        gpu["mem_used_mib"] = gpu.get("mem_reserved_mib", 0)
+        gpu["mem_used_mib"] = None
     nv = st.get("nvidia")
     if isinstance(nv, dict) and isinstance(nv.get("persistenced"), dict):
         nv["persistenced"]["pid"] = None
@@ -1034,7 +1034,11 @@ def initial_state(release="6.8.12-9-pve"):
         "majors": {},
         "boot": {},
         "nvidia": {"installed": None, "persistenced": None},
-        "gpus": [],
+        # The "hardware" NVML reports once the nvidia driver binds the boards (index order = PCI order).
+        "gpus": [{"bdf": bdf, "name": "NVIDIA RTX A6000", "uuid": uuid, "mem_total_mib": 49140, "mem_reserved_mib": 4,
+                  "mem_used_mib": None, "processes": []}
+                 for bdf, uuid in (("0000:17:00.0", "GPU-3c1f0b6e-9a4d-5f7e-8b21-6d0e4a7c9f10"),
+                                   ("0000:65:00.0", "GPU-8e2a7d41-0c5b-4f3a-9e66-b17f2c58d3a4"))],
         "guests": {"105": {"type": "qemu", "status": "running", "pid": None},
                    "110": {"type": "qemu", "status": "stopped", "pid": None},
                    "129": {"type": "lxc", "status": "running", "pid": None}},
