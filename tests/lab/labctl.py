@@ -398,6 +398,14 @@ def summary():
         " ".join("%s=%d" % (k, v[0]) for k, v in sorted(ents.items())))
 
 
+def start_guests():
+    """Start the containers the state says were running (PVE's onboot at boot), through pct."""
+    for vmid, guest in sorted((labstate.load(node_root()).get("guests") or {}).items()):
+        if guest.get("type") == "lxc" and guest.get("status") == "running":
+            rc = subprocess.call(exec_argv(["pct", "start", str(vmid)]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            log("CT %s: pct start rc=%d" % (vmid, rc))
+
+
 def cmd_up(args):
     if os.geteuid() != 0:
         raise SystemExit("labctl: must run as root")
@@ -444,6 +452,7 @@ def cmd_up(args):
             if npid in byns:
                 record(role, byns[npid])
         _wait_for(ssh_ok, 30, "ssh on %s" % NODE_IP)
+        start_guests()
     except Exception as e:
         log("up failed: %s" % e)
         cmd_down(argparse.Namespace(keep_disk=True))

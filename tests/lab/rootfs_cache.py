@@ -16,7 +16,9 @@ import time
 MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
 # No kmod: modprobe/rmmod/lsmod are the lab's fakes. python3 for Ansible and the fakes.
-PACKAGES = ["python3", "python3-venv", "openssh-server", "procps", "iproute2", "ca-certificates"]
+# python3-proxmoxer and python3-requests stand for what the lxc_gpu role installs with apt on a real host
+# (the node has no network to reach a mirror).
+PACKAGES = ["python3", "python3-venv", "python3-proxmoxer", "python3-requests", "openssh-server", "procps", "iproute2", "ca-certificates"]
 STAMP_VERSION = "1"
 
 

@@ -123,7 +123,9 @@ def test_host_install_loads_driver_and_nvml_answers(root):
     # device nodes: GPUs, ctl, modeset (installer) and uvm (nvidia-modprobe -u -c=0)
     assert chr_node(root.p("/dev/nvidia0")) == (195, 0) and chr_node(root.p("/dev/nvidia1")) == (195, 1)
     assert chr_node(root.p("/dev/nvidiactl")) == (195, 255) and chr_node(root.p("/dev/nvidia-modeset")) == (195, 254)
-    assert chr_node(root.p("/dev/nvidia-uvm")) == (509, 0) and chr_node(root.p("/dev/nvidia-uvm-tools")) == (509, 1)
+    # nvidia-uvm's major is dynamic: whatever the "kernel" registered in /proc/devices
+    uvm = root.state()["majors"]["nvidia-uvm"]
+    assert chr_node(root.p("/dev/nvidia-uvm")) == (uvm, 0) and chr_node(root.p("/dev/nvidia-uvm-tools")) == (uvm, 1)
     # NVML (real pynvml) and nvidia-smi answer
     assert root.nvml(NVML_SUMMARY) == {"version": VERSION, "names": ["NVIDIA RTX A6000"] * 2}
     r = root.run([sys.executable, root.p("/usr/bin/nvidia-smi"), "--query-gpu=driver_version", "--format=csv,noheader"])
@@ -243,8 +245,9 @@ def test_nvidia_modprobe_caps_and_no_driver(root):
     r = root.tool("/usr/bin/nvidia-modprobe", "-f", "/proc/driver/nvidia/capabilities/mig/config",
                   "-f", "/proc/driver/nvidia/capabilities/mig/monitor")
     assert r.returncode == 0, r.stderr
-    assert chr_node(root.p("/dev/nvidia-caps/nvidia-cap1")) == (510, 1)
-    assert chr_node(root.p("/dev/nvidia-caps/nvidia-cap2")) == (510, 2)
+    caps = root.state()["majors"]["nvidia-caps"]
+    assert chr_node(root.p("/dev/nvidia-caps/nvidia-cap1")) == (caps, 1)
+    assert chr_node(root.p("/dev/nvidia-caps/nvidia-cap2")) == (caps, 2)
 
 
 # --- systemctl ---------------------------------------------------------------------------

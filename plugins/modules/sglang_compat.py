@@ -1,0 +1,155 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_compat
+short_description: Check an SGLang version against the collection's compatibility table before installing or launching it
+version_added: "0.1.0"
+description:
+  - Looks up O(version) x O(architecture) x O(tp) in the compatibility table of known-bad SGLang releases
+    (C(plugins/module_utils/compat.py)) and fails, before anything is installed, when a rule refuses the
+    combination, naming the rule, the upstream pull request that fixed it and the remedy.
+  - For example SGLang 0.5.9 with C(Qwen3_5ForConditionalGeneration) at tensor parallel 2 is refused (PR 19070,
+    the dense MLP output is never all-reduced across ranks); 0.5.10 and 0.5.10.post1 are refused for that
+    architecture (PR 22312, a GDN gating regression).
+  - A rule that only warns returns the warning and succeeds. O(overrides) changes a rule's action knowingly
+    (reported in the result).
+  - Read-only; the same answer in check mode.
+author:
+  - kpro.gpu_serving developers (!UNKNOWN)
+options:
+  version:
+    description: SGLang version to check (PEP 440), for example C(0.5.11).
+    type: str
+    required: true
+  architecture:
+    description:
+      - The model's architecture, as in C(architectures) of its C(config.json), for example C(Qwen3_5ForConditionalGeneration).
+    type: str
+    required: true
+  tp:
+    description: Tensor parallel size the server will run with. Unknown (omitted) means rules for any size apply.
+    type: int
+  overrides:
+    description:
+      - Rule id to action (C(ignore), C(warn) or C(refuse)), to run a refused combination knowingly or to make a
+        warning fatal, for example C(sglang-0.5.9-qwen3.5-dense-tp=warn) (see EXAMPLES).
+    type: dict
+    default: {}
+  model_config:
+    description:
+      - The model's C(config.json) as a dict, for rules that depend on it (the GDN head ratio of PR 22312).
+        Without it those rules are assumed to apply.
+    type: dict
+attributes:
+  check_mode:
+    support: full
+    description: The check only reads; check mode gives the same result.
+  diff_mode:
+    support: none
+    description: Nothing is changed.
+notes:
+  - A refusal fails with RV(phase=known_bad_version), the gate's vocabulary for this cause.
+"""
+
+EXAMPLES = r"""
+- name: Refuse a known-bad SGLang before installing it
+  kpro.gpu_serving.sglang_compat:
+    version: "{{ sglang_install_version }}"
+    architecture: Qwen3_5ForConditionalGeneration
+    tp: 2
+
+- name: Run 0.5.9 at TP 2 anyway, knowingly (the rule becomes a warning)
+  kpro.gpu_serving.sglang_compat:
+    version: 0.5.9
+    architecture: Qwen3_5ForConditionalGeneration
+    tp: 2
+    overrides:
+      sglang-0.5.9-qwen3.5-dense-tp: warn
+"""
+
+RETURN = r"""
+action:
+  description: C(ok), C(warn) or C(refuse) (a refusal also fails the task).
+  returned: always
+  type: str
+  sample: refuse
+phase:
+  description: C(known_bad_version) when refused, otherwise null.
+  returned: always
+  type: str
+  sample: known_bad_version
+rules:
+  description: The matching rules with their effective action (C(overridden_from) when an override changed it).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"id": "sglang-0.5.9-qwen3.5-dense-tp", "action": "refuse", "pr": "#19070"}]
+prs:
+  description: Upstream pull requests of the matching rules that warn or refuse.
+  returned: always
+  type: list
+  elements: str
+  sample: ["#19070"]
+message:
+  description: What was found, rule by rule, with the pull request.
+  returned: always
+  type: str
+remedy:
+  description: What to change (empty when nothing is wrong).
+  returned: always
+  type: str
+  sample: Pin sglang >= 0.5.11 (0.5.10.x has the GDN regression of PR #22312), or run at --tp-size 1.
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import compat
+
+ACTIONS = ("ignore", "warn", "refuse")
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            version=dict(type="str", required=True),
+            architecture=dict(type="str", required=True),
+            tp=dict(type="int"),
+            overrides=dict(type="dict", default={}),
+            model_config=dict(type="dict"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    overrides = p["overrides"] or {}
+    bad = dict((k, v) for k, v in overrides.items() if v not in ACTIONS)
+    if bad:
+        module.fail_json(msg="overrides: each value must be one of %s; got %s." % (", ".join(ACTIONS), bad))
+    known = set(r["id"] for r in compat.RULES)
+    unknown = sorted(set(overrides) - known)
+    try:
+        result = compat.check(p["version"], p["architecture"], p["tp"], overrides=overrides, config=p["model_config"])
+    except compat.InvalidVersion as e:
+        module.fail_json(msg="version %r: %s" % (p["version"], e), action="refuse", phase=None, rules=[], prs=[],
+                         message=str(e), remedy="Give a PEP 440 version such as 0.5.11.")
+    rules = [dict((k, v) for k, v in r.items() if k in ("id", "action", "overridden_from", "pr", "reason", "remedy", "sources"))
+             for r in result["rules"]]
+    prs = [r.get("pr") for r in result["rules"] if r.get("action") in ("warn", "refuse") and r.get("pr")]
+    out = dict(changed=False, action=result["action"], phase=result["phase"], rules=rules, prs=prs,
+               message=result["message"], remedy=result["remedy"])
+    if unknown:
+        module.warn("overrides name no rule of the compatibility table: %s (known: %s)." % (", ".join(unknown), ", ".join(sorted(known))))
+    if result["action"] == "refuse":
+        module.fail_json(msg="%s Remedy: %s" % (result["message"], result["remedy"]), **out)
+    if result["action"] == "warn":
+        module.warn(result["message"])
+    module.exit_json(**out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "qwen3.6-27b")
+COMMIT = "6f3a9c1e2b7d4085a1c9e3f7b2d6a4c8e0f1b3d5"
+
+
+def git_sha1(data):
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def entry(path, data, lfs=False):
+    e = {"path": path, "size": len(data), "oid": git_sha1(data), "sha256": None}
+    if lfs:
+        e["sha256"] = hashlib.sha256(data).hexdigest()
+        e["oid"] = git_sha1(b"pointer " + data[:10])
+    return e
+
+
+def test_is_commit():
+    assert hf.is_commit(COMMIT)
+    assert not hf.is_commit("main") and not hf.is_commit(COMMIT.upper()) and not hf.is_commit(COMMIT[:39]) and not hf.is_commit("")
+
+
+PATHS = ["config.json", "model-00001-of-00015.safetensors", "model.safetensors.index.json", "README.md", "sub/dir/a.bin",
+         "tokenizer.json", "original/consolidated.pth"]
+
+
+@pytest.mark.parametrize("allow,ignore,expected", [
+    (None, None, PATHS),
+    (["*.json"], None, ["config.json", "model.safetensors.index.json", "tokenizer.json"]),
+    ("*.json", "tokenizer*", ["config.json", "model.safetensors.index.json"]),
+    (None, ["original/", "*.md"], ["config.json", "model-00001-of-00015.safetensors", "model.safetensors.index.json",
+                                   "sub/dir/a.bin", "tokenizer.json"]),
+    (["sub/"], None, ["sub/dir/a.bin"]),
+    (["*.safetensors", "*.json"], ["*.index.json"], ["config.json", "model-00001-of-00015.safetensors", "tokenizer.json"]),
+])
+def test_filter_paths(allow, ignore, expected):
+    assert hf.filter_paths(PATHS, allow, ignore) == expected
+
+
+def test_entry_from_tree_item_dict_and_object():
+    assert hf.entry_from_tree_item({"type": "directory", "path": "x", "oid": "1", "size": 0}) is None
+    e = hf.entry_from_tree_item({"type": "file", "path": "m.safetensors", "size": 5, "oid": "ab",
+                                 "lfs": {"oid": "cd" * 32, "size": 5, "pointerSize": 130}})
+    assert e == {"path": "m.safetensors", "size": 5, "oid": "ab", "sha256": "cd" * 32}
+
+    class Lfs(dict):
+        sha256 = "ef" * 32
+
+    class RepoFile(object):
+        path, size, blob_id, lfs = "a/b.bin", 7, "12", Lfs()
+
+    assert hf.entry_from_tree_item(RepoFile()) == {"path": "a/b.bin", "size": 7, "oid": "12", "sha256": "ef" * 32}
+
+
+@pytest.mark.parametrize("bad", ["../x", "/etc/passwd", "a/../../x", "a\\b", ""])
+def test_safe_relpath_refuses_escapes(bad):
+    with pytest.raises(hf.HfError):
+        hf.safe_relpath(bad)
+
+
+def test_completeness_from_listing(tmp_path):
+    d = str(tmp_path)
+    cfg = open(os.path.join(FIXTURES, "config.json"), "rb").read()
+    idx = open(os.path.join(FIXTURES, "model.safetensors.index.json"), "rb").read()
+    shard = os.urandom(5000)
+    entries = [entry("config.json", cfg), entry("model.safetensors.index.json", idx), entry("model-00001-of-00002.safetensors", shard, True),
+               entry("model-00002-of-00002.safetensors", shard[::-1], True)]
+    markers = {}
+    st = dict((e["path"], hf.file_status(d, e, markers)) for e in entries)
+    assert all(s["state"] == "missing" for s in st.values())
+    pl = hf.plan(entries, st)
+    assert pl["bytes_needed"] == pl["bytes_total"] == len(cfg) + len(idx) + 2 * len(shard) and not pl["complete"]
+
+    # config complete (no marker yet: unverified), index absent, shard 1 partial, shard 2 complete with a marker
+    (tmp_path / "config.json").write_bytes(cfg)
+    part = hf.incomplete_path(d, entries[2]["path"])
+    os.makedirs(os.path.dirname(part))
+    with open(part, "wb") as f:
+        f.write(shard[:1234])
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(shard[::-1])
+    markers[entries[3]["path"]] = hf.make_marker(entries[3], os.stat(str(tmp_path / "model-00002-of-00002.safetensors")))
+    st = dict((e["path"], hf.file_status(d, e, markers)) for e in entries)
+    assert [st[e["path"]]["state"] for e in entries] == ["unverified", "missing", "partial", "complete"]
+    assert st[entries[2]["path"]]["have"] == 1234
+    pl = hf.plan(entries, st)
+    assert [e["path"] for e in pl["todo"]] == ["model.safetensors.index.json", "model-00001-of-00002.safetensors"]
+    assert pl["bytes_needed"] == len(idx) + len(shard) - 1234
+
+    # verify=False: a right-sized file counts as complete without a hash
+    assert hf.file_status(d, entries[0], markers, verify=False)["state"] == "complete"
+    # a partial file longer than the listed size is not a partial file
+    with open(part, "ab") as f:
+        f.write(b"x" * 10000)
+    assert hf.file_status(d, entries[2], markers)["state"] == "missing"
+
+
+def test_marker_logic(tmp_path):
+    data = b"hello model"
+    e = entry("w.safetensors", data, lfs=True)
+    p = tmp_path / "w.safetensors"
+    p.write_bytes(data)
+    st = os.stat(str(p))
+    m = hf.make_marker(e, st)
+    assert m["algo"] == "sha256" and m["digest"] == hashlib.sha256(data).hexdigest()
+    assert hf.marker_valid(m, e, st)
+    # touched file (mtime), other size, other revision's object: no longer valid
+    os.utime(str(p), ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+    assert not hf.marker_valid(m, e, os.stat(str(p)))
+    assert not hf.marker_valid(m, dict(e, size=e["size"] + 1), st)
+    assert not hf.marker_valid(m, dict(e, oid="0" * 40), st)
+    assert not hf.marker_valid(None, e, st)
+    # hashers: sha256 for LFS, git blob sha1 otherwise
+    assert hf.hash_file(str(p), "sha256", len(data)).hexdigest() == e["sha256"]
+    small = entry("config.json", data)
+    assert hf.expected_digest(small) == ("git-sha1", git_sha1(data))
+    assert hf.hash_file(str(p), "git-sha1", len(data)).hexdigest() == git_sha1(data)
+
+
+def test_markers_and_tree_cache_roundtrip(tmp_path):
+    d = str(tmp_path / "m")
+    assert hf.load_markers(d) == {} and hf.load_tree_cache(d, "Qwen/Qwen3.6-27B", COMMIT) is None
+    files = [{"path": "config.json", "size": 3, "oid": "a" * 40, "sha256": None}]
+    hf.save_tree_cache(d, "Qwen/Qwen3.6-27B", COMMIT, files)
+    assert hf.load_tree_cache(d, "Qwen/Qwen3.6-27B", COMMIT) == files
+    assert hf.load_tree_cache(d, "Qwen/Qwen3.6-27B", "0" * 40) is None
+    assert os.path.basename(hf.tree_cache_path(d, "Qwen/Qwen3.6-27B", COMMIT)) == "Qwen--Qwen3.6-27B--%s.json" % COMMIT
+    hf.save_markers(d, {"config.json": {"size": 3}})
+    assert hf.load_markers(d) == {"config.json": {"size": 3}}
+    # a corrupt state file reads as empty
+    with open(os.path.join(d, hf.STATE_DIR, "verified.json"), "w") as f:
+        f.write("{not json")
+    assert hf.load_markers(d) == {}
+
+
+def test_preflight_math():
+    assert hf.preflight(100, 100) is None
+    assert hf.preflight(100, 150, margin=50) is None
+    msg = hf.preflight(55600000000, 20000000000, margin=1000)
+    assert "55600000000 bytes still to download + 1000 bytes margin" in msg
+    assert "only 20000000000 bytes free (short by 35600001000 bytes)" in msg and "nothing was downloaded" in msg
+
+
+def test_free_bytes_walks_up_to_an_existing_dir(tmp_path, monkeypatch):
+    seen = []
+
+    class Usage(object):
+        free = 42
+
+    monkeypatch.setattr(hf.shutil, "disk_usage", lambda p: seen.append(p) or Usage())
+    assert hf.free_bytes(str(tmp_path / "a" / "b" / "c")) == 42
+    assert seen == [str(tmp_path)]
+
+
+def test_progress_file(tmp_path):
+    path = str(tmp_path / "p" / "progress.json")
+    pr = hf.Progress(path, "Qwen/Qwen3.6-27B", COMMIT, files_total=3, bytes_total=1000, bytes_present=100, interval=0.05)
+    pr.start()
+    pr.file_start("a", 100, 600)
+    pr.add("a", 300)
+    snap = pr.snapshot()
+    assert snap["bytes_done"] == 400 and snap["bytes_downloaded"] == 300 and snap["current"] == {"a": [400, 600]}
+    assert snap["percent"] == 40.0
+    pr.file_done("a")
+    pr.finish("done")
+    with open(path) as f:
+        d = json.load(f)
+    assert d["state"] == "done" and d["files_done"] == 1 and d["current"] == {} and d["eta_s"] is None
+
+
+def test_scrub():
+    assert hf.scrub("Bearer hf_abc failed", "hf_abc") == "Bearer ******** failed"
+    assert hf.scrub("x", None) == "x" and hf.scrub(None, "t") is None

@@ -1,0 +1,90 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+from ansible.module_utils import basic
+
+from ansible_collections.kpro.gpu_serving.plugins.modules import sglang_compat
+from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
+
+ARCH = "Qwen3_5ForConditionalGeneration"
+QWEN36_27B = {"architectures": [ARCH], "text_config": {"linear_num_key_heads": 16, "linear_num_value_heads": 48}}
+
+
+def ok(args, check_mode=False):
+    warned = []
+    with mock.patch.object(basic.AnsibleModule, "warn", lambda self, msg: warned.append(msg)):
+        with pytest.raises(AnsibleExitJson) as e:
+            run_module(sglang_compat, args, check_mode=check_mode)
+    e.value.result["warnings"] = warned
+    return e.value.result
+
+
+def refused(args, check_mode=False):
+    with pytest.raises(AnsibleFailJson) as e:
+        run_module(sglang_compat, args, check_mode=check_mode)
+    return e.value.result
+
+
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_059_tp2_refused_with_pr_19070(check_mode):
+    res = refused({"version": "0.5.9", "architecture": ARCH, "tp": 2}, check_mode=check_mode)
+    assert res["action"] == "refuse" and res["phase"] == "known_bad_version"
+    assert res["prs"] == ["#19070"] and "19070" in res["msg"]
+    assert res["rules"][0]["id"] == "sglang-0.5.9-qwen3.5-dense-tp"
+    assert "0.5.11" in res["remedy"] and res["changed"] is False
+
+
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.10.post1", "0.5.10rc0"])
+def test_0510_refused_with_pr_22312(version):
+    res = refused({"version": version, "architecture": ARCH, "tp": 2, "model_config": QWEN36_27B})
+    assert res["phase"] == "known_bad_version" and "#22312" in res["prs"] and "22312" in res["msg"]
+
+
+def test_0510_at_tp1_still_refused_gdn_rule_is_tp_independent():
+    res = refused({"version": "0.5.10.post1", "architecture": ARCH, "tp": 1})
+    assert res["prs"] == ["#22312"]
+
+
+def test_059_at_tp1_is_ok():
+    res = ok({"version": "0.5.9", "architecture": ARCH, "tp": 1})
+    assert res["action"] == "ok" and res["phase"] is None and res["prs"] == [] and res["changed"] is False
+
+
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.6.0"])
+def test_fixed_versions_ok(version):
+    res = ok({"version": version, "architecture": ARCH, "tp": 2})
+    assert res["action"] == "ok" and res["rules"] == [] and "no known problem" in res["message"]
+
+
+def test_other_architecture_ok():
+    assert ok({"version": "0.5.9", "architecture": "LlamaForCausalLM", "tp": 2})["action"] == "ok"
+
+
+def test_override_to_warn_runs_knowingly():
+    res = ok({"version": "0.5.9", "architecture": ARCH, "tp": 2, "overrides": {"sglang-0.5.9-qwen3.5-dense-tp": "warn"}})
+    assert res["action"] == "warn" and res["prs"] == ["#19070"]
+    assert res["rules"][0]["overridden_from"] == "refuse"
+    assert any("19070" in w for w in res.get("warnings", []))
+
+
+def test_override_to_ignore():
+    res = ok({"version": "0.5.9", "architecture": ARCH, "tp": 2, "overrides": {"sglang-0.5.9-qwen3.5-dense-tp": "ignore"}})
+    assert res["action"] == "ok" and res["prs"] == [] and "Overridden" in res["message"]
+
+
+def test_bad_override_value_and_unknown_rule():
+    res = refused({"version": "0.5.11", "architecture": ARCH, "tp": 2, "overrides": {"x": "maybe"}})
+    assert "must be one of" in res["msg"]
+    res = ok({"version": "0.5.11", "architecture": ARCH, "tp": 2, "overrides": {"no-such-rule": "warn"}})
+    assert any("no-such-rule" in w for w in res.get("warnings", []))
+
+
+def test_invalid_version():
+    res = refused({"version": "latest", "architecture": ARCH, "tp": 2})
+    assert "PEP 440" in res["msg"] or "not a PEP 440" in res["message"]
