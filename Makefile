@@ -65,7 +65,7 @@ drill: setup
 	tests/tools/drill.sh "$(DRILL)"
 
 bench: setup
-	$(BIN)/python tests/bench/bench_noop_rerun.py
+	$(BIN)/python tests/bench/bench_gate.py --runs 5
 
 # Regenerate the SGLang lock for the container (real index): make sglang-lock SGLANG_VERSION=0.5.11 PYVER=3.11
 sglang-lock: setup

@@ -59,10 +59,11 @@ class Lab:
 def lab():
     if os.geteuid() != 0:
         pytest.skip("lab tests need root")
+    # The tests start from a fresh node (a reset keeps nothing of an earlier run or demo),
+    # and leave the lab as they found it: down if it was down.
     started = not lab_is_up()
-    if started:
-        r = labctl("up", check=False)
-        assert r.returncode == 0, r.stderr + r.stdout
+    r = labctl("reset", check=False)
+    assert r.returncode == 0, r.stderr + r.stdout
     yield Lab()
     if started:
         labctl("down")

@@ -16,6 +16,8 @@ import os
 import shutil
 
 import pytest
+
+from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common import warnings as ansible_warnings
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
@@ -202,12 +204,19 @@ def run(args, check_mode=False, diff=False):
     if diff:
         a["_ansible_diff"] = True
     ansible_warnings._global_warnings.clear()
+    # Record module.warn() directly: once a controller plugin has been imported in this
+    # process (the connection tests do), warnings go to the Display, not the global list.
+    seen = []
+    orig_warn = AnsibleModule.warn
     result = None
     try:
+        AnsibleModule.warn = lambda self, msg, *args, **kw: (seen.append(msg), orig_warn(self, msg, *args, **kw))
         run_module(vfio_release, a, check_mode=check_mode)
     except (AnsibleExitJson, AnsibleFailJson) as e:
         result = e.result
-    result["warnings"] = list(ansible_warnings.get_warning_messages())
+    finally:
+        AnsibleModule.warn = orig_warn
+    result["warnings"] = seen
     return result
 
 

@@ -1,0 +1,426 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The SGLang server as a systemd unit: one options dict -> flags, the unit text, its fingerprint.
+
+Pure functions, standard library only (they run on the target's Python 3.9+).
+
+- :func:`render_flags` turns one dict of SGLang options (SGLang's own option names with
+  underscores: ``model_path``, ``tp_size``, ``mem_fraction_static`` ...) into the argv of
+  ``python -m sglang.launch_server``, in a fixed order. The API key never appears in it:
+  ``api_key`` renders as ``--api-key ${SGLANG_API_KEY}``, which systemd expands from the
+  unit's ``EnvironmentFile`` (mode 0600, :func:`render_env`).
+- :func:`render_unit` gives the unit text: ``Type=simple``, ``KillMode=control-group`` (stopping
+  the unit ends the scheduler/detokenizer children too), ``Restart=no`` (the completion gate
+  decides), and ``ExecStart`` wrapped by the launcher (:data:`LAUNCHER_SCRIPT`) that starts every
+  launch in a fresh log file named after systemd's ``$INVOCATION_ID`` and headed by
+  ``# kpro-launch-id: <id>`` (:func:`sglang_log.launch_header`), so a stale log can never be
+  read as the current one.
+- :func:`config_fingerprint` is what "restart only when changed" compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+LAUNCHER_PATH = "/usr/local/lib/kpro-gpu-serving/sglang-launch"
+LOG_DIR = "/var/log/sglang"
+ENV_FILE_DIR = "/etc/kpro-gpu-serving"
+API_KEY_ENV = "SGLANG_API_KEY"
+API_KEY_REF = "${%s}" % API_KEY_ENV
+
+# The order of the well-known options in ExecStart; every other option follows sorted by name,
+# then ``extra`` verbatim.
+FLAG_ORDER = (
+    "model_path", "tokenizer_path", "served_model_name", "revision", "trust_remote_code", "dtype", "quantization",
+    "kv_cache_dtype", "tp_size", "dp_size", "pp_size", "context_length", "mem_fraction_static", "max_running_requests",
+    "max_total_tokens", "chunked_prefill_size", "max_mamba_cache_size", "mamba_ssm_dtype", "disable_radix_cache",
+    "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+    "cuda_graph_max_bs", "disable_cuda_graph", "disable_custom_all_reduce", "host", "port", "api_key",
+)
+# Options that are not SGLang flags.
+NOT_FLAGS = frozenset(["extra"])
+
+_OPTION_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+# The launcher the role installs at LAUNCHER_PATH. POSIX sh; arguments: <log_dir> <name> <command...>.
+LAUNCHER_SCRIPT = r"""#!/bin/sh
+# kpro.gpu_serving: start one launch of a server with its own, launch-identified log.
+#   sglang-launch <log_dir> <name> <command> [args...]
+# The log is <log_dir>/<name>-<launch id>.log, headed by "# kpro-launch-id: <launch id>";
+# <log_dir>/<name>.log points at the newest. The launch id is systemd's $INVOCATION_ID
+# (new for every start of the unit), or a timestamp + PID when run outside systemd.
+# Older logs beyond $KPRO_SGLANG_KEEP_LOGS (default 10) are removed.
+set -eu
+if [ "$#" -lt 3 ]; then
+    echo "usage: sglang-launch <log_dir> <name> <command> [args...]" >&2
+    exit 64
+fi
+log_dir=$1
+name=$2
+shift 2
+id=${INVOCATION_ID:-}
+if [ -z "$id" ]; then
+    id=$(date -u +%Y%m%dT%H%M%SZ)-$$
+fi
+mkdir -p "$log_dir"
+log=$log_dir/$name-$id.log
+umask 027
+printf '# kpro-launch-id: %s\n' "$id" > "$log"
+ln -sfn "$name-$id.log" "$log_dir/.$name.log.new"
+mv -f "$log_dir/.$name.log.new" "$log_dir/$name.log"
+keep=${KPRO_SGLANG_KEEP_LOGS:-10}
+ls -1t "$log_dir/$name"-*.log 2>/dev/null | tail -n +$((keep + 1)) | while IFS= read -r old; do
+    [ "$old" = "$log" ] || rm -f "$old"
+done
+exec "$@" >> "$log" 2>&1
+"""
+
+
+class OptionError(ValueError):
+    """An options dict that cannot be rendered (the message names the key)."""
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def _value_words(name, value):
+    if isinstance(value, bool):
+        raise OptionError("option %s: a boolean renders as a bare flag" % name)
+    if isinstance(value, (list, tuple)):
+        return [_scalar(name, v) for v in value]
+    if isinstance(value, dict):
+        return [json.dumps(value, sort_keys=True, separators=(",", ":"))]
+    return [_scalar(name, value)]
+
+
+def _scalar(name, value):
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (dict, list, tuple)):
+        raise OptionError("option %s: nested lists are not SGLang values" % name)
+    return str(value)
+
+
+def _ordered_names(options):
+    names = [k for k in FLAG_ORDER if k in options]
+    names += sorted(k for k in options if k not in FLAG_ORDER and k not in NOT_FLAGS)
+    return names
+
+
+def render_flags(options):
+    """One dict of SGLang options -> the argv after ``-m sglang.launch_server``.
+
+    Keys are SGLang option names with underscores. ``None`` and ``False`` are omitted,
+    ``True`` is a bare flag, a list gives one flag followed by its values (``nargs='+'``),
+    a dict is passed as compact JSON (``json_model_override_args``). ``api_key`` is never
+    rendered literally: a true value gives ``--api-key ${SGLANG_API_KEY}``. ``extra`` (a list of
+    strings) is appended verbatim. The order is fixed (:data:`FLAG_ORDER`, then by name).
+    """
+    options = dict(options or {})
+    argv = []
+    for name in _ordered_names(options):
+        if not _OPTION_NAME_RE.match(name):
+            raise OptionError("option %r is not an SGLang option name (lower case with underscores, e.g. tp_size)" % name)
+        value = options[name]
+        if value is None or value is False:
+            continue
+        if name == "api_key":
+            argv += [_flag(name), API_KEY_REF]
+            continue
+        if value is True:
+            argv.append(_flag(name))
+            continue
+        words = _value_words(name, value)
+        if not words:
+            continue
+        argv += [_flag(name)] + words
+    extra = options.get("extra")
+    if extra:
+        if isinstance(extra, str):
+            raise OptionError("option extra: give a list of arguments, not one string")
+        argv += [str(x) for x in extra]
+    return argv
+
+
+def secret_env(options=None, api_key=None):
+    """The variables of the unit's EnvironmentFile: the API key (from ``api_key`` or ``options['api_key']``)."""
+    key = api_key if api_key is not None else (options or {}).get("api_key")
+    if key in (None, False, ""):
+        return {}
+    if key is True:
+        raise OptionError("option api_key: give the key itself (from the vault), not true")
+    return {API_KEY_ENV: str(key)}
+
+
+def _env_value(value):
+    value = str(value)
+    if "\n" in value or "\r" in value:
+        raise OptionError("environment values cannot contain newlines")
+    return '"%s"' % value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def render_env(env):
+    """EnvironmentFile text: ``KEY="value"`` lines, sorted."""
+    lines = ["# Managed by kpro.gpu_serving (sglang_service). Mode 0600: holds secrets."]
+    for k in sorted(env or {}):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            raise OptionError("environment variable name %r is not valid" % k)
+        lines.append("%s=%s" % (k, _env_value(env[k])))
+    return "\n".join(lines) + "\n"
+
+
+_SAFE_WORD_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./${}-]+$")
+
+
+def systemd_quote(word, expand=False):
+    """Quote one ExecStart word for systemd: ``%`` -> ``%%``, ``$`` -> ``$$`` unless ``expand``,
+    double quotes around words with spaces or quotes."""
+    text = str(word).replace("%", "%%")
+    if not expand:
+        text = text.replace("$", "$$")
+    if text and _SAFE_WORD_RE.match(text):
+        return text
+    return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def exec_start(venv, options, name, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, python=None):
+    """The ExecStart argv (words) and its systemd-quoted line."""
+    py = python or ("%s/bin/python" % venv.rstrip("/"))
+    words = [launcher, log_dir, name, py, "-m", "sglang.launch_server"] + render_flags(options)
+    line = " ".join(systemd_quote(w, expand=(w == API_KEY_REF)) for w in words)
+    return words, line
+
+
+def unit_stem(unit):
+    """``sglang.service`` -> ``sglang`` (the log file names)."""
+    return unit[:-len(".service")] if unit.endswith(".service") else unit
+
+
+def render_unit(unit, venv, options, env_file=None, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, environment=None,
+                timeout_stop_sec=120, user=None, group=None, working_directory=None, description=None, after=None,
+                python=None):
+    """The unit file text (deterministic for the same arguments)."""
+    stem = unit_stem(unit)
+    words, line = exec_start(venv, options, stem, launcher=launcher, log_dir=log_dir, python=python)
+    model = (options or {}).get("served_model_name") or (options or {}).get("model_path") or "model"
+    out = [
+        "# Managed by kpro.gpu_serving (sglang_service); changes here are overwritten.",
+        "# Every start logs to %s/%s-<InvocationID>.log (first line: # kpro-launch-id: <InvocationID>);" % (log_dir, stem),
+        "# %s/%s.log points at the newest." % (log_dir, stem),
+        "[Unit]",
+        "Description=%s" % (description or "SGLang server (%s)" % model),
+        "After=%s" % " ".join(after or ["network-online.target"]),
+        "Wants=network-online.target",
+        "",
+        "[Service]",
+        "Type=simple",
+    ]
+    if user:
+        out.append("User=%s" % user)
+    if group:
+        out.append("Group=%s" % group)
+    if working_directory:
+        out.append("WorkingDirectory=%s" % working_directory)
+    if env_file:
+        out.append("EnvironmentFile=%s" % env_file)
+    for k in sorted(environment or {}):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            raise OptionError("environment variable name %r is not valid" % k)
+        out.append("Environment=%s" % systemd_quote("%s=%s" % (k, environment[k])))
+    out += [
+        "ExecStart=%s" % line,
+        "KillMode=control-group",
+        "KillSignal=SIGTERM",
+        "TimeoutStopSec=%s" % int(timeout_stop_sec),
+        "Restart=no",
+        "LimitNOFILE=65536",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def config_fingerprint(unit_text, env_text):
+    """sha256 over the unit and the environment file: a different value means "restart"."""
+    h = hashlib.sha256()
+    for part in (unit_text or "", env_text or ""):
+        data = part.encode("utf-8")
+        h.update(b"%d:" % len(data))
+        h.update(data)
+    return h.hexdigest()
+
+
+def plan_options(options):
+    """The sglang_plan.plan() options from the SGLang options dict."""
+    o = dict(options or {})
+    out = {}
+    mapping = {"tp_size": "tp"}
+    for k in ("tp_size", "context_length", "mem_fraction_static", "max_running_requests", "max_mamba_cache_size",
+              "mamba_full_memory_ratio", "mamba_ssm_dtype", "kv_cache_dtype", "dtype", "disable_radix_cache",
+              "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+              "page_size", "chunked_prefill_size", "cuda_graph_max_bs"):
+        if o.get(k) is not None and o.get(k) is not False:
+            out[mapping.get(k, k)] = o[k]
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The unit at runtime: properties, its processes, exit status
+# --------------------------------------------------------------------------------------------
+
+UNIT_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ExecMainStatus", "ExecMainCode", "InvocationID", "ControlGroup")
+ALIVE_STATES = frozenset(["active", "activating", "reloading", "deactivating"])
+
+
+def parse_show(text):
+    """``systemctl show -p A,B`` output (``A=x`` lines) -> dict."""
+    out = {}
+    for line in (text or "").splitlines():
+        if "=" in line:
+            k, v = line.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def systemctl_show(run_command, systemctl, unit, props=UNIT_PROPERTIES):
+    """The unit's properties; {} when systemctl fails (the caller says what that means)."""
+    rc, out, err = run_command([systemctl, "show", "-p", ",".join(props), unit])
+    if rc != 0:
+        return {"_error": (err or out or "").strip(), "_rc": rc}
+    return parse_show(out)
+
+
+def exit_status(props):
+    """The main process's exit status from ExecMainStatus/ExecMainCode: a signal death as 128+N
+    (SIGKILL = 137, what a failed SGLang startup ends with); None while it runs or when unknown."""
+    if not props or props.get("ActiveState") in ALIVE_STATES:
+        return None
+    try:
+        status = int(props.get("ExecMainStatus") or 0)
+    except ValueError:
+        return None
+    code = (props.get("ExecMainCode") or "").strip()
+    # ExecMainCode is the siginfo si_code: 1 CLD_EXITED, 2 CLD_KILLED, 3 CLD_DUMPED
+    if code in ("2", "3", "killed", "dumped"):
+        return 128 + status
+    if status < 0:          # a supervisor that reports -N for a signal (Python's Popen)
+        return 128 - status
+    return status
+
+
+def pid_alive(pid, proc_root="/proc"):
+    """True when ``pid`` exists and is not a zombie."""
+    if not pid:
+        return False
+    try:
+        with open("%s/%d/stat" % (proc_root, int(pid))) as f:
+            data = f.read()
+        return data[data.rindex(")") + 2:].split()[0] not in ("Z", "X")
+    except (IOError, OSError, ValueError, IndexError):
+        return False
+
+
+def descendants(pid, proc_root="/proc"):
+    """PIDs below ``pid`` (recursive), from procfs."""
+    kids = {}
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, name, "stat")) as f:
+                data = f.read()
+            ppid = int(data[data.rindex(")") + 2:].split()[1])
+        except (IOError, OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(name))
+    out, todo = [], [int(pid)]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            if c not in out:
+                out.append(c)
+                todo.append(c)
+    return sorted(out)
+
+
+def cgroup_pids(control_group, cgroup_root="/sys/fs/cgroup"):
+    """PIDs in a cgroup and its sub-cgroups (v2 unified, or v1's name=systemd hierarchy); None when
+    the cgroup directory is not found."""
+    if not control_group or not control_group.startswith("/"):
+        return None
+    for base in (cgroup_root, os.path.join(cgroup_root, "unified"), os.path.join(cgroup_root, "systemd")):
+        top = os.path.join(base, control_group.lstrip("/"))
+        if not os.path.isfile(os.path.join(top, "cgroup.procs")):
+            continue
+        pids = set()
+        for dirpath, dummy_dirs, files in os.walk(top):
+            if "cgroup.procs" not in files:
+                continue
+            try:
+                with open(os.path.join(dirpath, "cgroup.procs")) as f:
+                    pids.update(int(x) for x in f.read().split() if x.strip().isdigit())
+            except (IOError, OSError):
+                continue
+        return sorted(pids)
+    return None
+
+
+def unit_pids(props, cgroup_root="/sys/fs/cgroup", proc_root="/proc"):
+    """The unit's processes: its cgroup's members, else MainPID and its descendants.
+
+    Returns (pids, source) with source ``cgroup`` or ``mainpid``.
+    """
+    pids = cgroup_pids(props.get("ControlGroup"), cgroup_root)
+    if pids is not None:
+        return [p for p in pids if pid_alive(p, proc_root)], "cgroup"
+    try:
+        main = int(props.get("MainPID") or 0)
+    except ValueError:
+        main = 0
+    if main <= 0 or not pid_alive(main, proc_root):
+        return [], "mainpid"
+    return [main] + descendants(main, proc_root), "mainpid"
+
+
+def read_launch_header(path, max_bytes=4096):
+    """The launch id in the first line of a log (``# kpro-launch-id: <id>``), or None."""
+    try:
+        with open(path, "rb") as f:
+            first = f.read(max_bytes).split(b"\n", 1)[0].decode("utf-8", "replace")
+    except (IOError, OSError):
+        return None
+    m = re.match(r"^#\s*kpro-launch-id:\s*(\S+)\s*$", first)
+    return m.group(1) if m else None
+
+
+def launch_log_path(log_dir, unit, launch_id):
+    return os.path.join(log_dir, "%s-%s.log" % (unit_stem(unit), launch_id))
+
+
+def gpu_holders(facts, our_pids=(), proc_root="/proc"):
+    """Every process NVML lists on a GPU: dict(gpu, pid, name, used_mib, ours, visible)."""
+    ours = set(int(p) for p in our_pids or ())
+    out = []
+    for gpu in (facts or {}).get("gpus") or []:
+        for p in gpu.get("processes") or []:
+            pid = p.get("pid")
+            out.append({"gpu": gpu.get("index"), "pid": pid, "name": p.get("name") or "?", "used_mib": p.get("used_mib"),
+                        "ours": pid in ours, "visible": pid_alive(pid, proc_root) if pid else False,
+                        "cmdline": (p.get("cmdline") or "")[:200]})
+    return out
+
+
+def used_mib(facts):
+    """Per-GPU memory.used (MiB) in NVML index order, or None."""
+    if not facts or not facts.get("available"):
+        return None
+    return [g.get("memory_used_mib") for g in facts.get("gpus") or []]
