@@ -1,0 +1,103 @@
+"""The gpu_host stage (issue: release from vfio-pci, host driver) against a fresh lab node.
+
+Each test resets the node (`labctl reset`, about 3 s) and runs the real playbook with
+the lab inventory, as the operator would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+
+from conftest import REPO, labctl
+
+PLAYBOOK = os.path.join(REPO, "playbooks", "migrate-kpro6-to-kpro5.yml")
+UPPER = os.path.join(REPO, "tests", "lab", ".run", "kpro5", "upper")
+ANSIBLE_PLAYBOOK = os.path.join(REPO, ".venv", "bin", "ansible-playbook")
+
+
+def play(*args):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", os.path.join(REPO, "inventories", "lab"), PLAYBOOK] + list(args),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False, cwd=REPO)
+
+
+def recap(out):
+    m = re.search(r"^kpro5\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
+    assert m, out[-3000:]
+    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
+
+
+def disk_digest():
+    """Every file of the node's disk (the overlay's upper layer) with its bytes' hash."""
+    out = {}
+    for top, dirs, files in os.walk(UPPER):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(top, name)
+            if os.path.islink(path):
+                out[os.path.relpath(path, UPPER)] = "-> " + os.readlink(path)
+                continue
+            if not os.path.isfile(path):
+                continue
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, UPPER)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def fresh(lab):
+    labctl("reset")
+    return lab
+
+
+def test_check_mode_reports_changes_and_leaves_the_node_byte_identical(lab):
+    fresh(lab)
+    before = disk_digest()
+    r = play("--tags", "gpu_host,lxc_gpu", "--check", "--diff")
+    counts = recap(r.stdout)
+    assert counts["failed"] == 0 and counts["changed"] > 0, r.stdout[-3000:]
+    # the diff shows the vfio ids leaving the kernel command line
+    assert "vfio-pci.ids=10de:2230,10de:1aef,1b21:1242" in r.stdout and "vfio-pci.ids=1b21:1242" in r.stdout
+    assert disk_digest() == before
+
+
+def test_running_vm_with_the_gpu_is_refused_and_nothing_changes(lab):
+    fresh(lab)
+    conf = os.path.join(lab.root, "etc/pve/qemu-server/105.conf")
+    text = open(conf).read()
+    with open(conf, "w") as f:
+        f.write(text.replace("\nname:", "\nhostpci0: 0000:65:00,pcie=1\nname:", 1) if "\nname:" in text else text + "hostpci0: 0000:65:00,pcie=1\n")
+    before = disk_digest()
+    r = play("--tags", "gpu_host")
+    assert recap(r.stdout)["failed"] == 1
+    assert "VM 105" in r.stdout and "0000:65:00" in r.stdout and "running" in r.stdout, r.stdout[-3000:]
+    assert disk_digest() == before
+
+
+def test_converge_then_no_change_then_kernel_upgrade_rebuilds_only_the_module(lab):
+    fresh(lab)
+    first = play("--tags", "gpu_host")
+    assert recap(first.stdout)["failed"] == 0 and recap(first.stdout)["changed"] > 0, first.stdout[-3000:]
+    assert "install: no NVIDIA driver 580.126.09" in first.stdout
+    state = lab.state()
+    assert state["nvidia"]["installed"]["version"] == "580.126.09"
+    drivers = {bdf: d.get("driver") for bdf, d in state["pci"]["devices"].items()}
+    assert drivers["0000:17:00.0"] == drivers["0000:65:00.0"] == "nvidia"
+    assert drivers["0000:17:00.1"] != "vfio-pci" and drivers["0000:65:00.1"] != "vfio-pci"
+    calls = open(os.path.join(lab.root, "var/lib/kpro-lab/calls.log")).read()
+    assert calls.count("update-initramfs") == 1, calls
+
+    second = play("--tags", "gpu_host")
+    assert recap(second.stdout)["changed"] == 0 and recap(second.stdout)["failed"] == 0, second.stdout[-3000:]
+
+    labctl("kernel-upgrade")
+    third = play("--tags", "gpu_host")
+    assert recap(third.stdout)["failed"] == 0, third.stdout[-3000:]
+    assert "rebuild_module:" in third.stdout, third.stdout[-3000:]
+    assert "install: no NVIDIA driver" not in third.stdout
+    state = lab.state()
+    release = state["kernel"]["release"]
+    assert release in json.dumps(state["nvidia"].get("kernel_modules", {}))
