@@ -213,7 +213,9 @@ class Driver(object):
         return ni.parse_dkms_status(out) if rc == 0 else []
 
     def nvml(self):
-        return gpu_facts(self.m.run_command, proc_root=self.p["proc_root"])
+        # No nvidia-smi yet (no driver installed): only pynvml can answer, and will say why not.
+        smi = self.m.get_bin_path("nvidia-smi")
+        return gpu_facts(self.m.run_command if smi else None, smi_path=smi or "nvidia-smi", proc_root=self.p["proc_root"])
 
     # --- actions -----------------------------------------------------------------
     def ensure_headers(self, kernel):

@@ -401,6 +401,16 @@ def summary():
 def start_guests():
     """Start the containers the state says were running (PVE's onboot at boot), through pct."""
     for vmid, guest in sorted((labstate.load(node_root()).get("guests") or {}).items()):
+        if guest.get("type") == "qemu" and guest.get("status") == "running":
+            # A stand-in for the VM's kvm process, found the way PVE finds it: the pidfile
+            # names a live process started with -pidfile <that file>. It lives in the
+            # node's PID namespace and ends with the node.
+            pidfile = "/run/qemu-server/%s.pid" % vmid
+            code = "import os,sys,time; open(sys.argv[4], 'w').write('%d\\n' % os.getpid()); time.sleep(10**9)"
+            subprocess.Popen(exec_argv(["/usr/bin/python3", "-c", code, "-id", str(vmid), "-pidfile", pidfile]),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+            log("VM %s: kvm stand-in started (%s)" % (vmid, pidfile))
         if guest.get("type") == "lxc" and guest.get("status") == "running":
             rc = subprocess.call(exec_argv(["pct", "start", str(vmid)]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             log("CT %s: pct start rc=%d" % (vmid, rc))

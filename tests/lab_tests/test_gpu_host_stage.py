@@ -31,10 +31,15 @@ def recap(out):
     return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
 
 
+LAB_LOGS = "var/log/kpro-lab"  # the lab's own daemons' logs (sshd), not the node's state
+
+
 def disk_digest():
     """Every file of the node's disk (the overlay's upper layer) with its bytes' hash."""
     out = {}
     for top, dirs, files in os.walk(UPPER):
+        if os.path.relpath(top, UPPER).startswith(LAB_LOGS) or os.path.basename(top) == "__pycache__":
+            continue  # the lab's own logs and its fakes' bytecode caches
         dirs.sort()
         for name in sorted(files):
             path = os.path.join(top, name)
