@@ -12,7 +12,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLL_LINK := .collections/ansible_collections/kpro/gpu_serving
 
-.PHONY: help setup lock sglang-lock units sanity lint lab-up lab-down lab-test molecule test demo drill bench build clean
+.PHONY: help setup lock sglang-lock units sanity lint lab-up lab-down lab-test molecule test demo bench build clean
 
 help:
 	@echo "make demo   - set up, bring the lab up, run the migration twice (second run changed=0), lab down"
@@ -59,10 +59,6 @@ test: setup units sanity lint lab-test molecule
 
 demo: setup
 	tests/tools/demo.sh
-
-# Run the serve stage against one of the SGLang stand-in's failure drills and print the diagnosis.
-drill: setup
-	tests/tools/drill.sh "$(DRILL)"
 
 bench: setup
 	$(BIN)/python tests/bench/bench_gate.py --runs 5
