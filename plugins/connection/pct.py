@@ -185,12 +185,12 @@ notes:
 """
 
 EXAMPLES = r"""
-# inventory: container 129 on the Proxmox host 10.1.2.5
+# inventory: container 129 on the Proxmox host 192.0.2.5
 # gpu_containers:
 #   hosts:
 #     ct129:
 #       ansible_connection: kpro.gpu_serving.pct
-#       pct_host: 10.1.2.5
+#       pct_host: 192.0.2.5
 #       pct_vmid: 129
 #       pct_private_key_file: ~/.ssh/id_ed25519
 """

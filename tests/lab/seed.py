@@ -83,12 +83,12 @@ FILES = {
         "#\n"
         "#Owner%3A ml-team\n"
         "arch: amd64\ncores: 32\nfeatures: nesting=1\nhostname: sglang\nmemory: 131072\n"
-        "net0: name=eth0,bridge=vmbr0,firewall=1,gw=10.1.230.1,hwaddr=BC:24:11:7C:12:9A,ip=10.1.230.172/24,type=veth\n"
+        "net0: name=eth0,bridge=vmbr0,firewall=1,gw=10.213.6.1,hwaddr=BC:24:11:7C:12:9A,ip=10.213.6.129/24,type=veth\n"
         "onboot: 1\nostype: ubuntu\nparent: pre-gpu\nrootfs: local-zfs:subvol-129-disk-0,size=200G\nswap: 8192\nunprivileged: 1\n"
         "\n[pre-gpu]\n"
         "#before GPU passthrough\n"
         "arch: amd64\ncores: 32\nfeatures: nesting=1\nhostname: sglang\nmemory: 131072\n"
-        "net0: name=eth0,bridge=vmbr0,firewall=1,gw=10.1.230.1,hwaddr=BC:24:11:7C:12:9A,ip=10.1.230.172/24,type=veth\n"
+        "net0: name=eth0,bridge=vmbr0,firewall=1,gw=10.213.6.1,hwaddr=BC:24:11:7C:12:9A,ip=10.213.6.129/24,type=veth\n"
         "onboot: 1\nostype: ubuntu\nrootfs: local-zfs:subvol-129-disk-0,size=200G\nsnaptime: 1736432410\nswap: 8192\nunprivileged: 1\n"),
 }
 
