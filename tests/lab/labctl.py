@@ -571,6 +571,27 @@ def cmd_kernel_upgrade(args):
     return 0
 
 
+def cmd_uvm_reload(args):
+    """nvidia-uvm unloaded and loaded again under another dynamic major (as after a new kernel
+    or driver): /proc/devices follows the state; the host's /dev nodes are made anew."""
+    root = node_root()
+    with labstate.modify(root) as st:
+        majors = st.setdefault("majors", {})
+        if "nvidia-uvm" not in majors:
+            raise SystemExit("labctl: nvidia-uvm is not loaded (install the driver first)")
+        taken = set(majors.values())
+        new = args.major or next(m for m in range(majors["nvidia-uvm"] - 1, 234, -1) if m not in taken)
+        majors["nvidia-uvm"] = new
+    for name, minor in (("nvidia-uvm", 0), ("nvidia-uvm-tools", 1)):
+        path = os.path.join(root, "dev", name)
+        if os.path.lexists(path):
+            os.unlink(path)
+        os.mknod(path, 0o020666, os.makedev(new, minor))
+        os.chmod(path, 0o666)
+    print("nvidia-uvm reloaded with major %d" % new)
+    return 0
+
+
 def cmd_reset(args):
     cmd_down(argparse.Namespace(keep_disk=False))
     return cmd_up(args)
@@ -590,13 +611,16 @@ def main(argv=None):
     sub.add_parser("reboot")
     p = sub.add_parser("kernel-upgrade")
     p.add_argument("release", nargs="?")
+    p = sub.add_parser("uvm-reload")
+    p.add_argument("major", nargs="?", type=int)
     sub.add_parser("_init")
     args = ap.parse_args(argv)
     if args.cmd == "_init":
         node_init()
         return 0
     return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "reset": cmd_reset, "root": cmd_root, "exec": cmd_exec,
-            "reboot": cmd_reboot, "kernel-upgrade": cmd_kernel_upgrade}[args.cmd](args)
+            "reboot": cmd_reboot, "kernel-upgrade": cmd_kernel_upgrade,
+            "uvm-reload": cmd_uvm_reload}[args.cmd](args)
 
 
 if __name__ == "__main__":
