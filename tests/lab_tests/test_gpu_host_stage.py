@@ -12,7 +12,17 @@ import os
 import re
 import subprocess
 
+import pytest
+
 from conftest import REPO, labctl
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fresh_node_afterwards():
+    """These tests install the driver; the lab tests after them expect a node as booted."""
+    yield
+    labctl("reset")
+
 
 PLAYBOOK = os.path.join(REPO, "playbooks", "migrate-kpro6-to-kpro5.yml")
 UPPER = os.path.join(REPO, "tests", "lab", ".run", "kpro5", "upper")

@@ -6,8 +6,17 @@ from __future__ import annotations
 import difflib
 import os
 
+import pytest
+
 from conftest import labctl
 from test_gpu_host_stage import play, recap
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fresh_node_afterwards():
+    """These tests install the driver; the lab tests after them expect a node as booted."""
+    yield
+    labctl("reset")
 
 
 def conf(lab):
