@@ -192,7 +192,7 @@ verified:
   description: Number of selected files whose checksum is verified (now or by a still valid earlier check).
   returned: always
   type: int
-skipped:
+files_complete:
   description: Number of selected files that were already complete before this run.
   returned: always
   type: int
@@ -338,7 +338,7 @@ def main():
     result["resolved_revision"] = commit
     pl = hf.plan(entries, statuses)
     result.update(files=pl["files"], bytes_total=pl["bytes_total"], bytes_needed=pl["bytes_needed"],
-                  skipped=pl["files"] - len(pl["todo"]))
+                  files_complete=pl["files"] - len(pl["todo"]))
     if result["_mismatch"]:
         module.warn("checksum mismatch, downloading again: %s" % ", ".join(sorted(result["_mismatch"])))
 

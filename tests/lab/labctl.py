@@ -40,6 +40,14 @@ SSHDIR = os.path.join(RUN, "ssh")
 NETNS = "%s-kpro5" % LAB_ID
 VETH_H, VETH_N = "%s5h" % LAB_ID, "%s5n" % LAB_ID
 HOST_IP, NODE_IP = "10.213.5.1", "10.213.5.2"
+# The controller-side services (tests/lab/services/labsvc.py) on the lab's own host address:
+# file server, package index (uv + huggingface_hub from PyPI, the SGLang stand-in), mock hub.
+SVC = os.path.join(RUN, "labsvc")
+SVC_PORTS = {"files": 18600, "index": 18601, "hub": 18602, "hub_cdn": 18603}
+WHEELS = os.path.join(RUN, "wheels")
+LOCKS = os.path.join(RUN, "locks")
+WHEEL_CACHE = os.path.join(os.environ.get("KPGS_LAB_CACHE", "/var/cache/kpgs-lab"), "wheels")
+LAB_SGLANG_VERSIONS = ("0.5.9", "0.5.10.post1", "0.5.11")
 PACKAGES = {"openssh-server": "/usr/sbin/sshd", "debootstrap": "/usr/sbin/debootstrap", "fuse3": "/usr/bin/fusermount3",
             "iproute2": "/usr/sbin/ip"}
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -416,6 +424,50 @@ def start_guests():
             log("CT %s: pct start rc=%d" % (vmid, rc))
 
 
+def lab_locks():
+    """The stand-in wheels and, from them and the cached PyPI wheels, the hashed locks the lab
+    inventory points sglang_install at (made as roles/sglang_install/files/locks/regenerate.sh
+    makes the real ones, against the lab's wheels instead of PyPI)."""
+    sh([sys.executable, os.path.join(HERE, "sglang_standin", "build_wheel.py"), "--out", WHEELS], stdout=subprocess.DEVNULL)
+    sh([sys.executable, os.path.join(HERE, "services", "fetch_wheels.py"), WHEEL_CACHE], stdout=subprocess.DEVNULL)
+    hub = next(line.split()[0] for line in open(os.path.join(HERE, "..", "..", "requirements", "dev.lock"))
+               if line.startswith("huggingface-hub=="))
+    uv = os.path.join(os.path.dirname(sys.executable), "uv")
+    os.makedirs(LOCKS, exist_ok=True)
+    for version in LAB_SGLANG_VERSIONS:
+        out = os.path.join(LOCKS, "sglang-%s-py3.11-x86_64.txt" % version)
+        if os.path.exists(out):
+            continue
+        # huggingface_hub as the real SGLang brings it (the collection's hf_model runs on the venv)
+        sh([uv, "pip", "compile", "-", "-q", "--no-index", "--find-links", WHEELS, "--find-links", WHEEL_CACHE,
+            "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_36", "--generate-hashes",
+            "--no-header", "-o", out], input="sglang==%s\n%s\n" % (version, hub), universal_newlines=True,
+           env=dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_OFFLINE="1"))
+
+
+def services_up():
+    """labsvc on HOST_IP (reachable from the node and its containers), with a hub token made per run."""
+    os.makedirs(SVC, exist_ok=True)
+    for stale in ("labsvc.json", "labsvc.pid"):
+        if os.path.exists(os.path.join(SVC, stale)):
+            os.unlink(os.path.join(SVC, stale))
+    token_file = os.path.join(RUN, "hub-token")
+    if not os.path.exists(token_file):
+        with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write("hf_lab%s\n" % os.urandom(16).hex())
+    logf = open(os.path.join(SVC, "labsvc.log"), "ab")
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "services", "labsvc.py"), "--addr", HOST_IP, "--state-dir", SVC,
+                             "--files-port", str(SVC_PORTS["files"]), "--files-dir", os.path.join(RUN, "build"),
+                             "--index-port", str(SVC_PORTS["index"]), "--index-dir", WHEEL_CACHE, "--index-dir", WHEELS,
+                             "--hub-port", str(SVC_PORTS["hub"]), "--hub-cdn-port", str(SVC_PORTS["hub_cdn"]),
+                             "--hub-token-file", token_file],
+                            stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, cwd="/")
+    record("labsvc", proc.pid)
+    _wait_for(lambda: os.path.exists(os.path.join(SVC, "labsvc.json")) or proc.poll() is not None, 60, "the lab services")
+    if proc.poll() is not None:
+        raise RuntimeError("labsvc exited (rc %s); see %s" % (proc.returncode, os.path.join(SVC, "labsvc.log")))
+
+
 def cmd_up(args):
     if os.geteuid() != 0:
         raise SystemExit("labctl: must run as root")
@@ -437,6 +489,7 @@ def cmd_up(args):
         refresh_fakes(UPPER)
     install_access(UPPER)
     run_build_scripts()
+    lab_locks()
     netns_up()
     for stale in ("ns-map.json",):
         if os.path.exists(os.path.join(PIDS, stale)):
@@ -462,6 +515,7 @@ def cmd_up(args):
             if npid in byns:
                 record(role, byns[npid])
         _wait_for(ssh_ok, 30, "ssh on %s" % NODE_IP)
+        services_up()
         start_guests()
     except Exception as e:
         log("up failed: %s" % e)

@@ -127,7 +127,7 @@ def test_download_then_noop(clean, tmp_path):
     r = run(args_for(hub, model))
     assert r["changed"] is True
     assert r["resolved_revision"] == hub.commit and r["pinned"] is True
-    assert r["files"] == 24 and r["skipped"] == 0 and r["verified"] == 24
+    assert r["files"] == 24 and r["files_complete"] == 0 and r["verified"] == 24
     assert r["bytes_downloaded"] == r["bytes_total"] == r["bytes_needed"]
     log = hub.log()
     assert sum(e["bytes"] for e in body_gets(log)) == r["bytes_total"]
@@ -147,7 +147,7 @@ def test_download_then_noop(clean, tmp_path):
     # second run: nothing to do, and not a single request (pinned sha + cached listing)
     r2 = run(args_for(hub, model))
     assert r2["changed"] is False and r2["bytes_downloaded"] == 0 and r2["offline"] is True
-    assert r2["verified"] == 24 and r2["skipped"] == 24 and r2["downloaded"] == []
+    assert r2["verified"] == 24 and r2["files_complete"] == 24 and r2["downloaded"] == []
     assert hub.log() == []
 
     # a branch: one revision call to resolve it, still no file request, and a warning to pin
