@@ -203,7 +203,7 @@ def unit_stem(unit):
 
 def render_unit(unit, venv, options, env_file=None, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, environment=None,
                 timeout_stop_sec=120, user=None, group=None, working_directory=None, description=None, after=None,
-                python=None):
+                python=None, limit_nofile=65536):
     """The unit file text (deterministic for the same arguments)."""
     stem = unit_stem(unit)
     words, line = exec_start(venv, options, stem, launcher=launcher, log_dir=log_dir, python=python)
@@ -238,12 +238,28 @@ def render_unit(unit, venv, options, env_file=None, launcher=LAUNCHER_PATH, log_
         "KillSignal=SIGTERM",
         "TimeoutStopSec=%s" % int(timeout_stop_sec),
         "Restart=no",
-        "LimitNOFILE=65536",
+    ]
+    if limit_nofile:
+        out.append("LimitNOFILE=%d" % int(limit_nofile))
+    out += [
         "",
         "[Install]",
         "WantedBy=multi-user.target",
     ]
     return "\n".join(out) + "\n"
+
+
+def hard_nofile(limits_text):
+    """The hard "Max open files" of a /proc/<pid>/limits text (None: unlimited or not found).
+
+    systemd fails a unit at step LIMITS (exit 205) when LimitNOFILE= exceeds the hard limit
+    it may raise to, as in an unprivileged container whose init got a lower one."""
+    for line in (limits_text or "").splitlines():
+        if line.startswith("Max open files"):
+            parts = line[len("Max open files"):].split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1])
+    return None
 
 
 def config_fingerprint(unit_text, env_text):

@@ -100,6 +100,13 @@ options:
     description: The unit's C(TimeoutStopSec) (SIGTERM, then SIGKILL to the whole cgroup).
     type: int
     default: 120
+  limit_nofile:
+    description:
+      - The unit's C(LimitNOFILE=) (SGLang opens many sockets and files). V(0) leaves systemd's default.
+      - Capped, with a warning, at the hard limit of the container's init (C(/proc/1/limits)); above it systemd
+        would fail the start at step LIMITS (exit status 205).
+    type: int
+    default: 65536
   user:
     description: The unit's C(User=). Omit to run as root.
     type: str
@@ -364,10 +371,20 @@ class Service(object):
         if p["api_key"]:
             opts["api_key"] = True
         env = su.secret_env(api_key=p["api_key"] or None)
+        nofile = p["limit_nofile"]
+        try:
+            with open(self.rooted("/proc/1/limits")) as f:
+                hard = su.hard_nofile(f.read())
+        except (IOError, OSError):
+            hard = None
+        if nofile and hard is not None and nofile > hard:
+            self.m.warn("limit_nofile %d is above the hard limit of the container's init (%d): LimitNOFILE=%d is used "
+                             "(raise the container's limit, e.g. lxc.prlimit.nofile, to get more)" % (nofile, hard, hard))
+            nofile = hard
         try:
             unit_text = su.render_unit(self.unit, p["venv"], opts, env_file=self.env_file, launcher=p["launcher"],
                                        log_dir=p["log_dir"], environment=p["environment"], timeout_stop_sec=p["timeout_stop_sec"],
-                                       user=p["user"], python=p["python"])
+                                       user=p["user"], python=p["python"], limit_nofile=nofile)
             env_text = su.render_env(env)
             line = su.exec_start(p["venv"], opts, self.stem, launcher=p["launcher"], log_dir=p["log_dir"], python=p["python"])[1]
         except su.OptionError as e:
@@ -650,6 +667,7 @@ def main():
             release_timeout=dict(type="int", default=120),
             idle_used_mib=dict(type="int", default=1024),
             timeout_stop_sec=dict(type="int", default=120),
+            limit_nofile=dict(type="int", default=65536),
             user=dict(type="str"),
             log_dir=dict(type="path", default="/var/log/sglang"),
             launcher=dict(type="path", default=su.LAUNCHER_PATH),

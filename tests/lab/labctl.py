@@ -435,11 +435,12 @@ def lab_locks():
     uv = os.path.join(os.path.dirname(sys.executable), "uv")
     os.makedirs(LOCKS, exist_ok=True)
     for version in LAB_SGLANG_VERSIONS:
-        out = os.path.join(LOCKS, "sglang-%s-py3.11-x86_64.txt" % version)
+        out = os.path.join(LOCKS, "sglang-%s-py3.11-x86_64.txt" % version)  # made anew: the stand-in may have changed
         if os.path.exists(out):
-            continue
-        # huggingface_hub as the real SGLang brings it (the collection's hf_model runs on the venv)
-        sh([uv, "pip", "compile", "-", "-q", "--no-index", "--find-links", WHEELS, "--find-links", WHEEL_CACHE,
+            os.unlink(out)  # uv keeps the pins (and hashes) of an existing output file
+        # huggingface_hub as the real SGLang brings it (the collection's hf_model runs on the venv);
+        # --no-cache: uv would otherwise reuse the hash of an earlier stand-in wheel of the same name
+        sh([uv, "pip", "compile", "-", "-q", "--no-cache", "--no-index", "--find-links", WHEELS, "--find-links", WHEEL_CACHE,
             "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_36", "--generate-hashes",
             "--no-header", "-o", out], input="sglang==%s\n%s\n" % (version, hub), universal_newlines=True,
            env=dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_OFFLINE="1"))

@@ -13,5 +13,10 @@ mkdir -p "$SEED.new"
 (cd "$LAB/rootfs-ct" && find . -type d -name __pycache__ -prune -o -type f -print) | while IFS= read -r f; do
     install -D -m "$(stat -c %a "$LAB/rootfs-ct/$f")" "$LAB/rootfs-ct/$f" "$SEED.new/$f"
 done
+# The lab's state library and NVML renderer: the "driver" every container process shares with
+# the node, so a GPU allocation made in the CT (the SGLang stand-in) re-renders nvml.conf at once.
+for f in labstate.py nvml_render.py; do
+    install -D -m 0644 "$LAB/rootfs/usr/lib/kpro-lab/$f" "$SEED.new/usr/lib/kpro-lab/$f"
+done
 rm -rf "$SEED"
 mv "$SEED.new" "$SEED"

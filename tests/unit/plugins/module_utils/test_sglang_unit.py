@@ -135,3 +135,15 @@ def test_launcher_writes_a_launch_identified_log(tmp_path):
     env.pop("INVOCATION_ID", None)
     subprocess.run(["sh", str(launcher), str(logs), "x", "true"], env=env, check=True)
     assert su.read_launch_header(str(logs / "x.log"))
+
+
+def test_limit_nofile_rendered_and_hard_limit_parsed():
+    assert "LimitNOFILE=65536\n" in su.render_unit("sglang.service", "/v", KPRO5)
+    assert "LimitNOFILE=20000\n" in su.render_unit("sglang.service", "/v", KPRO5, limit_nofile=20000)
+    assert "LimitNOFILE" not in su.render_unit("sglang.service", "/v", KPRO5, limit_nofile=0)
+    limits = ("Limit                     Soft Limit           Hard Limit           Units     \n"
+              "Max processes             513378               513378               processes \n"
+              "Max open files            1024                 20000                files     \n")
+    assert su.hard_nofile(limits) == 20000
+    assert su.hard_nofile(limits.replace("20000 ", "unlimited")) is None
+    assert su.hard_nofile("") is None

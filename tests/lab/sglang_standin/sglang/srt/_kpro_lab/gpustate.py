@@ -184,6 +184,20 @@ def _alive(ident):
     return True
 
 
+def gpu_used_mib(gpu):
+    """Used memory by the lab's rule (nvml_render): ``mem_used_mib`` when set, else the reserved
+    memory plus the processes' (the lab node's state leaves it unset)."""
+    if gpu.get("mem_used_mib") is not None:
+        return int(gpu["mem_used_mib"])
+    return int(gpu.get("mem_reserved_mib") or 0) + sum(int(p.get("used_mib") or 0) for p in gpu.get("processes") or [])
+
+
+def _adjust(gpu, delta_mib):
+    """Move an explicit ``mem_used_mib`` by a process's delta; a derived one follows the processes."""
+    if gpu.get("mem_used_mib") is not None:
+        gpu["mem_used_mib"] = max(int(gpu.get("mem_reserved_mib") or 0), int(gpu["mem_used_mib"]) + delta_mib)
+
+
 def _same_ns(entry_ident, my_ns):
     return entry_ident.get("pid_ns") == my_ns
 
@@ -195,7 +209,7 @@ def _reap_state(state, my_ns):
         for proc in gpu.get("processes", []):
             ident = proc.get("standin")
             if ident and _same_ns(ident, my_ns) and not _alive(ident):
-                gpu["mem_used_mib"] = max(gpu.get("mem_reserved_mib", 0), gpu.get("mem_used_mib", 0) - int(proc.get("used_mib", 0)))
+                _adjust(gpu, -int(proc.get("used_mib", 0)))
                 removed.append((proc.get("pid"), proc.get("name"), proc.get("used_mib")))
             else:
                 keep.append(proc)
@@ -237,7 +251,7 @@ def gpu_info(gpu_index):
 
 def free_mib(gpu_index):
     gpu = gpu_info(gpu_index)
-    return gpu["mem_total_mib"] - gpu["mem_used_mib"]
+    return gpu["mem_total_mib"] - gpu_used_mib(gpu)
 
 
 def set_usage(gpu_index, used_mib, name, ident=None, check=True):
@@ -251,11 +265,11 @@ def set_usage(gpu_index, used_mib, name, ident=None, check=True):
         proc = _find(gpu, ident)
         old = int(proc["used_mib"]) if proc else 0
         delta = used_mib - old
-        free = gpu["mem_total_mib"] - gpu["mem_used_mib"]
+        free = gpu["mem_total_mib"] - gpu_used_mib(gpu)
         if check and delta > 0 and delta > free:
             raise OutOfMemory(gpu_index, delta, free, gpu["mem_total_mib"],
                               [(p.get("pid"), p.get("used_mib")) for p in gpu.get("processes", [])])
-        gpu["mem_used_mib"] = gpu["mem_used_mib"] + delta
+        _adjust(gpu, delta)
         if used_mib <= 0:
             if proc:
                 gpu["processes"].remove(proc)
@@ -277,7 +291,7 @@ def release(ns_pids=None):
             for proc in gpu.get("processes", []):
                 si = proc.get("standin") or {}
                 if si.get("pid_ns") == me["pid_ns"] and si.get("ns_pid") in pids:
-                    gpu["mem_used_mib"] = gpu["mem_used_mib"] - int(proc.get("used_mib", 0))
+                    _adjust(gpu, -int(proc.get("used_mib", 0)))
                 else:
                     keep.append(proc)
             gpu["processes"] = keep
@@ -294,7 +308,7 @@ def main(argv=None):
     if cmd == "show":
         for i, gpu in enumerate(load().get("gpus", [])):
             procs = [(p["pid"], p["name"], p["used_mib"]) for p in gpu.get("processes", [])]
-            print("%d %s %d/%d MiB %s" % (i, gpu.get("name"), gpu["mem_used_mib"], gpu["mem_total_mib"], procs))
+            print("%d %s %d/%d MiB %s" % (i, gpu.get("name"), gpu_used_mib(gpu), gpu["mem_total_mib"], procs))
         return 0
     sys.stderr.write("usage: python -m sglang.srt._kpro_lab.gpustate reap|show\n")
     return 2
