@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import datetime
 import errno
-import fcntl
 import os
 import re
 import stat
-import time
 
-MAX_CONFIG_SIZE = 1024 * 1024  # pmxcfs MEMDB_MAX_FILE_SIZE
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.pmxcfs import (
+    MAX_FILE_SIZE, MODE_INHERIT, FlockLock, atomic_write as pmxcfs_atomic_write)
+
+MAX_CONFIG_SIZE = MAX_FILE_SIZE  # pmxcfs MEMDB_MAX_FILE_SIZE
 NVIDIA_MAJOR = 195
 PVE_CONFIG_DIR = "/etc/pve/lxc"
 DEFAULT_LOCK_DIR = "/run/lock/lxc"
@@ -720,77 +721,23 @@ def config_lock(conf):
     return conf.main.get("lock")
 
 
-class ConfigLock(object):
-    """PVE's local config lock: flock on /run/lock/lxc/pve-config-<vmid>.lock (Config.pm::config_file_lock)."""
+class ConfigLock(FlockLock):
+    """PVE's local config lock: flock on /run/lock/lxc/pve-config-<vmid>.lock (Config.pm::config_file_lock).
+
+    Raises LxcConfigError when the lock is still held after ``timeout`` seconds."""
 
     def __init__(self, vmid, lock_dir=DEFAULT_LOCK_DIR, timeout=10):
-        self.path = os.path.join(lock_dir, "pve-config-%d.lock" % int(vmid))
+        super(ConfigLock, self).__init__(
+            os.path.join(lock_dir, "pve-config-%d.lock" % int(vmid)), timeout=timeout, error=LxcConfigError,
+            hint="another PVE operation holds the CT config lock; retry when it has finished")
         self.lock_dir = lock_dir
-        self.timeout = timeout
-        self.fd = None
-
-    def __enter__(self):
-        try:
-            os.makedirs(self.lock_dir)
-        except OSError as e:
-            if e.errno != errno.EEXIST:
-                raise LxcConfigError("cannot create the lock directory %s: %s" % (self.lock_dir, e))
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except (IOError, OSError) as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    os.close(self.fd)
-                    self.fd = None
-                    raise LxcConfigError(
-                        "can't lock file '%s' - got timeout after %ss: another PVE operation holds the CT config lock; "
-                        "retry when it has finished" % (self.path, self.timeout))
-                time.sleep(0.1)
-
-    def __exit__(self, *exc):
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-        return False
 
 
 def atomic_write(path, data):
     """Write like PVE::File::file_set_contents: ``<path>.tmp.<pid>`` (O_EXCL), then rename. No chmod/chown
-    (pmxcfs refuses them); the new file is created with the old file's permission bits."""
-    if len(data) > MAX_CONFIG_SIZE:
-        raise LxcConfigError("%s would be %d bytes; pmxcfs refuses files over 1 MiB" % (path, len(data)))
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        mode = 0o640
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    try:
-        os.unlink(tmp)
-    except OSError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except Exception:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    (pmxcfs refuses them); the new file is created with the old file's permission bits. Over 1 MiB is
+    refused with LxcConfigError (see module_utils/pmxcfs.py)."""
+    pmxcfs_atomic_write(path, data, max_size=MAX_CONFIG_SIZE, mode=MODE_INHERIT, error=LxcConfigError)
 
 
 def write_backup(backup_dir, vmid, data, now=None):

@@ -29,10 +29,12 @@ otherwise replicate them and PVE could read them as configs.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
 import time
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.pmxcfs import (
+    MODE_DEFAULT, MODE_PRESERVE, FlockLock, atomic_write as pmxcfs_atomic_write)
 
 _SECTION_RE = re.compile(r"^\[([^\]]+)\]\s*$")
 _KEY_RE = re.compile(r"^([A-Za-z][A-Za-z0-9_\-]*):\s?(.*?)\s*$")
@@ -360,69 +362,28 @@ def backup_file(path, backup_dir, now=None):
 
 
 def atomic_write(path, data, preserve_mode=True):
-    """Write ``data`` (bytes) to ``path`` through ``<path>.tmp.<pid>`` + rename.
+    """Write ``data`` (bytes) to ``path`` through ``<path>.tmp.<pid>`` + rename (see module_utils/pmxcfs.py).
 
-    ``preserve_mode`` copies the old file's mode onto the new one (regular filesystems); pass
-    False under /etc/pve, where pmxcfs fixes the mode itself and refuses most chmods.
+    ``preserve_mode`` copies the old file's mode (and owner, when allowed) onto the new one (regular
+    filesystems); pass False under /etc/pve, where pmxcfs fixes the mode itself and refuses most chmods.
     """
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if preserve_mode:
-            try:
-                st = os.stat(path)
-                os.chmod(tmp, st.st_mode & 0o7777)
-                if hasattr(os, "chown"):
-                    try:
-                        os.chown(tmp, st.st_uid, st.st_gid)
-                    except OSError:
-                        pass
-            except OSError as e:
-                if e.errno != errno.ENOENT:
-                    raise
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    pmxcfs_atomic_write(path, data, max_size=None, mode=MODE_PRESERVE if preserve_mode else MODE_DEFAULT,
+                        error=GuestError)
 
 
-class ConfigLock(object):
-    """PVE's per-VM config lock: flock on ``<lock_dir>/lock-<vmid>.conf`` (``/run/lock/qemu-server``)."""
+class ConfigLock(FlockLock):
+    """PVE's per-VM config lock: flock on ``<lock_dir>/lock-<vmid>.conf`` (``/run/lock/qemu-server``).
+
+    Raises GuestError when the lock is still held after ``timeout`` seconds. Where the lock directory's
+    parent does not exist (no /run/lock at all: a test root) nothing is locked."""
 
     def __init__(self, vmid, lock_dir="/run/lock/qemu-server", timeout=10):
-        self.path = os.path.join(lock_dir, "lock-%d.conf" % int(vmid))
+        super(ConfigLock, self).__init__(
+            os.path.join(lock_dir, "lock-%d.conf" % int(vmid)), timeout=timeout, error=GuestError,
+            hint="another qm/API operation holds the config of VM %s; retry when it is done" % int(vmid))
         self.lock_dir = lock_dir
-        self.timeout = timeout
-        self.fd = None
 
-    def __enter__(self):
+    def acquire(self):
         if not os.path.isdir(os.path.dirname(self.lock_dir)):
             return self  # no /run/lock at all (a test root): nothing to lock against
-        os.makedirs(self.lock_dir, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.time() + self.timeout
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except (IOError, OSError) as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES) or time.time() > deadline:
-                    os.close(self.fd)
-                    self.fd = None
-                    raise GuestError("could not lock the config of VM %s (%s): another qm/API operation holds it; "
-                                     "retry when it is done" % (os.path.basename(self.path), e))
-                time.sleep(0.2)
-
-    def __exit__(self, *exc):
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-        return False
+        return super(ConfigLock, self).acquire()
