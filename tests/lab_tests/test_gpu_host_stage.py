@@ -35,8 +35,8 @@ def play(*args):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False, cwd=REPO)
 
 
-def recap(out):
-    m = re.search(r"^kpro5\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
+def recap(out, host="kpro5"):
+    m = re.search(r"^%s\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)" % re.escape(host), out, re.M)
     assert m, out[-3000:]
     return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
 
