@@ -12,12 +12,13 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLL_LINK := .collections/ansible_collections/kpro/gpu_serving
 
-.PHONY: help setup lock sglang-lock units sanity lint lab-up lab-down lab-test molecule test demo bench build clean
+.PHONY: help setup lock sglang-lock units sanity lint lab-up lab-down lab-test molecule test demo drill bench build clean
 
 help:
 	@echo "make demo   - set up, bring the lab up, run the migration twice (second run changed=0), lab down"
 	@echo "make test   - set up and run every test: units, sanity, ansible-lint, lab tests, molecule"
-	@echo "make setup | lock | units | sanity | lint | lab-up | lab-down | lab-test | molecule | build"
+	@echo "make drill DRILL=<phase>|all - the serve stage against a failure drill in the lab, with its diagnosis"
+	@echo "make setup | lock | units | sanity | lint | lab-up | lab-down | lab-test | molecule | bench | build"
 
 # The toolchain, pinned with hashes in requirements/dev.lock, installed with uv.
 $(VENV)/.synced: requirements/dev.lock
@@ -59,6 +60,11 @@ test: setup units sanity lint lab-test molecule
 
 demo: setup
 	tests/tools/demo.sh
+
+# One catalogue failure (or all) against the lab's serve stage, with the diagnosis: make drill DRILL=kv_cache_oom
+DRILL ?= all
+drill: setup
+	$(BIN)/python tests/tools/drill.py $(DRILL)
 
 bench: setup
 	$(BIN)/python tests/bench/bench_gate.py --runs 5

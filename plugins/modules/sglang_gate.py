@@ -421,7 +421,8 @@ class Gate(object):
         kw = dict(gpu_used_mib=self.gpu_used, gpu_baseline_mib=p["gpu_baseline_mib"], exit_status=self.exit_status,
                   process_alive=alive, planned_weights_mib=self.planned, http=http_state, launch_id=p["launch_id"])
         if alive and stalled >= p["stall_timeout"]:
-            res = diagnose(text, elapsed_s=1, timeout_s=1, stalled_s=None, **kw)
+            # out of time for this launch: the stall budget, not the overall one, ran out
+            res = diagnose(text, elapsed_s=elapsed, timeout_s=elapsed, stalled_s=None, **kw)
             if res["phase"] == "timeout":
                 res["remedy"] = ("No progress for %ds (no new log line, no change of GPU memory): " % stalled) + res["remedy"]
                 res["facts"]["stalled_s"] = round(stalled, 1)

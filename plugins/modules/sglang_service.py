@@ -460,7 +460,7 @@ class Service(object):
         raise Failure("gpu_memory_held: %s. %s" % (why, "; ".join(ev)), phase="gpu_memory_held", evidence=ev,
                       remedy="GPU memory is held by processes that are not this unit's (%s): stop them yourself (this module "
                              "never ends a process that is not in the unit's cgroup) or wait until they exit, then re-run."
-                             % ", ".join("PID %s %s" % (h["pid"], h["name"]) for h in held),
+                             % ", ".join(sorted(set("PID %s %s" % (h["pid"], h["name"]) for h in held))),
                       gpu_processes=self.result["gpu_processes"])
 
     def busy(self, facts):

@@ -647,6 +647,29 @@ def cmd_uvm_reload(args):
     return 0
 
 
+def cmd_rebuild(args):
+    """The host rebuilt as after a reinstall of Proxmox VE: the node's disk is a fresh one as found
+    (GPUs on vfio-pci, no NVIDIA driver, CT 129's config without passthrough, VMs as before) but
+    booted into a newer kernel; CT 129's own disk (venv, model, unit) is kept as a restore from
+    backup would bring it back, or lost with --lose-ct-disk."""
+    if not recorded():
+        raise SystemExit("labctl: the lab is not up")
+    release = labstate.next_release(labstate.load(node_root())["kernel"]["release"])
+    cmd_down(argparse.Namespace(keep_disk=True))
+    shutil.rmtree(UPPER, ignore_errors=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    if args.lose_ct_disk:
+        shutil.rmtree(CTDIR, ignore_errors=True)
+    seed_upper()
+    with labstate.modify(UPPER) as st:
+        labstate.install_kernel(st, release, UPPER)
+        labstate.boot(st, UPPER, release)
+        for vmid in ("105", "129"):  # running when the host went down for the rebuild
+            st["guests"][vmid]["status"] = "running"
+    log("rebuilt: fresh node disk, kernel %s, CT 129 disk %s" % (release, "lost" if args.lose_ct_disk else "kept"))
+    return cmd_up(args)
+
+
 def cmd_reset(args):
     cmd_down(argparse.Namespace(keep_disk=False))
     return cmd_up(args)
@@ -660,6 +683,8 @@ def main(argv=None):
     p.add_argument("--keep-disk", action="store_true", help="keep .run/kpro5/upper (the node's disk)")
     sub.add_parser("status")
     sub.add_parser("reset")
+    p = sub.add_parser("rebuild")
+    p.add_argument("--lose-ct-disk", action="store_true", help="CT 129's disk is not restored (venv and model lost)")
     sub.add_parser("root")
     p = sub.add_parser("exec")
     p.add_argument("argv", nargs=argparse.REMAINDER)
@@ -674,7 +699,7 @@ def main(argv=None):
         node_init()
         return 0
     return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "reset": cmd_reset, "root": cmd_root, "exec": cmd_exec,
-            "reboot": cmd_reboot, "kernel-upgrade": cmd_kernel_upgrade,
+            "reboot": cmd_reboot, "kernel-upgrade": cmd_kernel_upgrade, "rebuild": cmd_rebuild,
             "uvm-reload": cmd_uvm_reload}[args.cmd](args)
 
 
