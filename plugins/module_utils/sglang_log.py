@@ -991,7 +991,7 @@ def diagnose(log_text, gpu_used_mib=None, gpu_baseline_mib=None, exit_status=Non
         ev.append("GPU memory used (MiB): %s" % ", ".join(str(int(u)) for u in gpu_used_mib))
     if timeout_s is not None and elapsed_s is not None and elapsed_s >= timeout_s:
         stuck = facts.get("stage")
-        remedy = "No readiness within %ss (stage %s, last line: %s)." % (timeout_s, stuck, facts.get("last_milestone_line", "?"))
+        remedy = "No readiness within %ss (stage %s, last line: %s)." % (int(round(timeout_s)), stuck, facts.get("last_milestone_line", "?"))
         if stalled_s is not None and stalled_s < 60:
             remedy += " It is still progressing (slow load): raise the gate's timeout."
         elif stuck == "distributed_init":

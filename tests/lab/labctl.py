@@ -446,16 +446,23 @@ def lab_locks():
            env=dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_OFFLINE="1"))
 
 
+def secret_file(name, prefix):
+    """A secret made once per lab run (mode 0600), like a vault value: tests grep outputs for it."""
+    path = os.path.join(RUN, name)
+    if not os.path.exists(path):
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write("%s%s\n" % (prefix, os.urandom(16).hex()))
+    return path
+
+
 def services_up():
     """labsvc on HOST_IP (reachable from the node and its containers), with a hub token made per run."""
     os.makedirs(SVC, exist_ok=True)
     for stale in ("labsvc.json", "labsvc.pid"):
         if os.path.exists(os.path.join(SVC, stale)):
             os.unlink(os.path.join(SVC, stale))
-    token_file = os.path.join(RUN, "hub-token")
-    if not os.path.exists(token_file):
-        with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-            f.write("hf_lab%s\n" % os.urandom(16).hex())
+    token_file = secret_file("hub-token", "hf_lab")
+    secret_file("sglang-api-key", "sk-lab-")  # the server's API key in the lab inventory
     logf = open(os.path.join(SVC, "labsvc.log"), "ab")
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "services", "labsvc.py"), "--addr", HOST_IP, "--state-dir", SVC,
                              "--files-port", str(SVC_PORTS["files"]), "--files-dir", os.path.join(RUN, "build"),

@@ -1,4 +1,4 @@
-"""The container and model stages (tags container, model) against the lab's container 129.
+"""The container, model and serve stages (tags container, model, serve) against the lab's container 129.
 
 In file order: a known-bad SGLang version is refused before anything is installed; a userspace
 version other than the host's is `version_mismatch`; the converge (at -vvv, whose output must not
@@ -46,7 +46,10 @@ def secrets():
         pve = json.load(f)
     with open(os.path.join(RUN, "hub-token")) as f:
         hub = f.read().strip()
-    return {"pve token secret": pve["token_secret"], "pve root@pam password": pve["password"], "hf token": hub}
+    with open(os.path.join(RUN, "sglang-api-key")) as f:
+        api_key = f.read().strip()
+    return {"pve token secret": pve["token_secret"], "pve root@pam password": pve["password"], "hf token": hub,
+            "sglang api key": api_key}
 
 
 def test_known_bad_sglang_refused_before_install(lab, host_done):
@@ -88,3 +91,18 @@ def test_converge_then_noop_without_hub_downloads(lab, host_done):
     # the model verifies: every file's checksum against the hub's listing, nothing to fetch
     chk = play("--tags", "model", "--check", "-e", "model_revision=main")
     assert recap(chk.stdout, "ct129")["changed"] == 0 and "nothing fetched" in chk.stdout, chk.stdout[-3000:]
+
+
+def test_serve_passes_the_gate_then_noop_without_restart(lab, host_done):
+    """Stage 7 on top (issue 6): the good configuration passes the gate and prints the summary; the
+    -vvv output holds no secret (the API key included); a re-run changes nothing and keeps the launch."""
+    first = play("--tags", "serve", "-vvv")
+    assert recap(first.stdout, "ct129")["failed"] == 0, first.stdout[-4000:]
+    assert "sglang.service ready in" in first.stdout and "endpoint: http://127.0.0.1:30000/v1" in first.stdout
+    for name, value in secrets().items():
+        assert value not in first.stdout, "%s printed" % name
+    unit = ct(lab, "systemctl", "show", "-p", "InvocationID", "-p", "MainPID", "sglang.service").stdout
+    again = play("--tags", "serve")
+    assert recap(again.stdout, "ct129")["changed"] == 0, again.stdout[-4000:]
+    assert "unchanged" in again.stdout
+    assert ct(lab, "systemctl", "show", "-p", "InvocationID", "-p", "MainPID", "sglang.service").stdout == unit

@@ -44,22 +44,22 @@ def recap(out, host="kpro5"):
 LAB_LOGS = "var/log/kpro-lab"  # the lab's own daemons' logs (sshd), not the node's state
 
 
-def disk_digest():
+def disk_digest(upper=UPPER):
     """Every file of the node's disk (the overlay's upper layer) with its bytes' hash."""
     out = {}
-    for top, dirs, files in os.walk(UPPER):
-        if os.path.relpath(top, UPPER).startswith(LAB_LOGS) or os.path.basename(top) == "__pycache__":
+    for top, dirs, files in os.walk(upper):
+        if os.path.relpath(top, upper).startswith(LAB_LOGS) or os.path.basename(top) == "__pycache__":
             continue  # the lab's own logs and its fakes' bytecode caches
         dirs.sort()
         for name in sorted(files):
             path = os.path.join(top, name)
             if os.path.islink(path):
-                out[os.path.relpath(path, UPPER)] = "-> " + os.readlink(path)
+                out[os.path.relpath(path, upper)] = "-> " + os.readlink(path)
                 continue
             if not os.path.isfile(path):
                 continue
             with open(path, "rb") as f:
-                out[os.path.relpath(path, UPPER)] = hashlib.sha256(f.read()).hexdigest()
+                out[os.path.relpath(path, upper)] = hashlib.sha256(f.read()).hexdigest()
     return out
 
 

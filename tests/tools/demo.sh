@@ -6,7 +6,7 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$top"
 py=.venv/bin/python
-log_dir=tests/lab/.run/demo
+log_dir=.demo  # outside tests/lab/.run, which lab down removes
 trap '$py tests/lab/labctl.py down >/dev/null 2>&1 || true' EXIT
 $py tests/lab/labctl.py reset
 mkdir -p "$log_dir"

@@ -1,0 +1,80 @@
+#!/usr/bin/env python
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Wall time of the idempotent no-op re-run of the whole migration playbook against the lab.
+
+    .venv/bin/python tests/bench/bench_noop.py [--runs 3] [--keep]
+
+(from the checkout, after ``make setup``; root, for the lab.) Brings the lab up when it is down,
+converges once (not measured), then runs ``ansible-playbook -i inventories/lab
+playbooks/migrate-kpro6-to-kpro5.yml`` N times and prints, per run, the wall time, the number of
+tasks per host and the recap's changed count (must be 0). Prints the median and max. The lab is
+brought down afterwards if this script brought it up (unless --keep). Not a unit test: timings
+depend on the machine (the README's figures: 2 cores, 24 GiB). Aim: under 20 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.path.join(REPO, ".venv", "bin")
+LABCTL = os.path.join(REPO, "tests", "lab", "labctl.py")
+
+
+def play():
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    t = time.time()
+    r = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", os.path.join(REPO, "inventories", "lab"),
+                        os.path.join(REPO, "playbooks", "migrate-kpro6-to-kpro5.yml")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    return time.time() - t, r
+
+
+def recaps(out):
+    return {m.group(1): dict(ok=int(m.group(2)), changed=int(m.group(3)), failed=int(m.group(4)))
+            for m in re.finditer(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", out, re.M)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="leave the lab up")
+    args = ap.parse_args(argv)
+    started = subprocess.run([os.path.join(BIN, "python"), LABCTL, "status"], stdout=subprocess.DEVNULL).returncode != 0
+    if started:
+        subprocess.run([os.path.join(BIN, "python"), LABCTL, "up"], check=True, stdout=subprocess.DEVNULL)
+    try:
+        secs, r = play()
+        if r.returncode != 0:
+            print(r.stdout[-4000:])
+            return 1
+        print("converge (not measured): %.1f s" % secs)
+        times = []
+        for i in range(args.runs):
+            secs, r = play()
+            rc = recaps(r.stdout)
+            tasks = len(re.findall(r"^TASK \[", r.stdout, re.M))
+            print("run %d: %.1f s, %d tasks, %s" % (i + 1, secs, tasks,
+                                                    ", ".join("%s ok=%d changed=%d" % (h, v["ok"], v["changed"]) for h, v in sorted(rc.items()))))
+            if r.returncode != 0 or any(v["changed"] or v["failed"] for v in rc.values()):
+                print("the re-run was not a no-op:\n" + r.stdout[-4000:])
+                return 1
+            times.append(secs)
+        print("no-op re-run of the whole playbook: median %.1f s, max %.1f s over %d runs (aim: < 20 s)"
+              % (statistics.median(times), max(times), len(times)))
+        return 0
+    finally:
+        if started and not args.keep:
+            subprocess.run([os.path.join(BIN, "python"), LABCTL, "down"], stdout=subprocess.DEVNULL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
