@@ -379,7 +379,7 @@ class Service(object):
             hard = None
         if nofile and hard is not None and nofile > hard:
             self.m.warn("limit_nofile %d is above the hard limit of the container's init (%d): LimitNOFILE=%d is used "
-                             "(raise the container's limit, e.g. lxc.prlimit.nofile, to get more)" % (nofile, hard, hard))
+                        "(raise the container's limit, e.g. lxc.prlimit.nofile, to get more)" % (nofile, hard, hard))
             nofile = hard
         try:
             unit_text = su.render_unit(self.unit, p["venv"], opts, env_file=self.env_file, launcher=p["launcher"],

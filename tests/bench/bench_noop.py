@@ -34,7 +34,7 @@ def play():
     t = time.time()
     r = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", os.path.join(REPO, "inventories", "lab"),
                         os.path.join(REPO, "playbooks", "migrate-kpro6-to-kpro5.yml")],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO, check=False)
     return time.time() - t, r
 
 
@@ -48,7 +48,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="leave the lab up")
     args = ap.parse_args(argv)
-    started = subprocess.run([os.path.join(BIN, "python"), LABCTL, "status"], stdout=subprocess.DEVNULL).returncode != 0
+    started = subprocess.run([os.path.join(BIN, "python"), LABCTL, "status"], stdout=subprocess.DEVNULL, check=False).returncode != 0
     if started:
         subprocess.run([os.path.join(BIN, "python"), LABCTL, "up"], check=True, stdout=subprocess.DEVNULL)
     try:
@@ -73,7 +73,7 @@ def main(argv=None):
         return 0
     finally:
         if started and not args.keep:
-            subprocess.run([os.path.join(BIN, "python"), LABCTL, "down"], stdout=subprocess.DEVNULL)
+            subprocess.run([os.path.join(BIN, "python"), LABCTL, "down"], stdout=subprocess.DEVNULL, check=False)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def play(*args):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_CALLBACK_FORMAT_PRETTY="0")
     return subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, PLAYBOOK] + list(args), text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=TOP)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=TOP, check=False)
 
 
 def gate_result(out):
@@ -152,8 +152,8 @@ def run_drill(name, quiet=False):
     res = gate_result(r.stdout) or {}
     phase = res.get("phase") or ("ready" if r.returncode == 0 else None)
     ok = phase == expected
-    print("=== drill %-24s phase=%-24s expected=%-22s %s (%.1fs)" % (name, phase, expected, "OK" if ok else "MISMATCH",
-                                                                   time.time() - t0))
+    verdict = "OK" if ok else "MISMATCH"
+    print("=== drill %-24s phase=%-24s expected=%-22s %s (%.1fs)" % (name, phase, expected, verdict, time.time() - t0))
     if not quiet:
         if res.get("remedy"):
             print("remedy:   %s" % res["remedy"])
@@ -188,14 +188,14 @@ def main(argv=None):
     for n in names:
         ok, res = run_drill(n)
         evidence = "\n".join(str(x) for x in res.get("evidence") or [])
-        leaked = [d for d in seen if d != n.split(":")[0] and NEEDLES.get(d) and NEEDLES[d] in evidence]
+        leaked = [d for d in seen if d != n.split(":", maxsplit=1)[0] and NEEDLES.get(d) and NEEDLES[d] in evidence]
         if leaked:
             print("    evidence of %s shows an earlier launch's failure: %s" % (n, leaked))
             ok = False
         if ok and res.get("phase") not in (None, "ready") and not res.get("remedy"):
             print("    %s: no remedy" % n)
             ok = False
-        seen.append(n.split(":")[0])
+        seen.append(n.split(":", maxsplit=1)[0])
         results.append(ok)
     after = untouched_digest()
     changed = [k for k in before if before[k] != after[k]]
