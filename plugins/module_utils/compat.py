@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Compatibility table: SGLang version range x model architecture x tensor parallel size -> refuse or warn.
 
-Checked before install (stage 5) and before launch (stage 7); a refusal is the gate's
+Checked by the preflight play and before install (stage 5); a refusal is the gate's
 ``known_bad_version`` phase. Versions and ranges follow PEP 440 (release, pre, post, dev
 segments and ``==X.*`` wildcards), implemented here because ``packaging`` may be missing on the
 target. Standard library only; Python 3.9+.

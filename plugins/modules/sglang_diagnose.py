@@ -78,7 +78,7 @@ seealso:
 EXAMPLES = r"""
 - name: Diagnose the current launch of the server
   kpro.gpu_serving.sglang_diagnose:
-    log_path: /var/log/kpro-sglang/sglang-{{ launch_id }}.log
+    log_path: /var/log/sglang/sglang-{{ launch_id }}.log
     launch_id: "{{ launch_id }}"
     gpu_used_mib: "{{ gpus | map(attribute='memory_used_mib') | list }}"
     gpu_baseline_mib: [0, 0]

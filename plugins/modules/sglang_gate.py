@@ -49,7 +49,7 @@ options:
       - With O(launch_id) only that launch's part is read; without it, the last launch in the file.
     type: path
   log_dir:
-    description: Directory of the per-launch logs; with O(launch_id) the log is C(<log_dir>/<unit>-<launch_id>.log).
+    description: Directory of the per-launch logs; with O(launch_id) the log is C(<log_dir>/<unit name without .service>-<launch_id>.log).
     type: path
   launch_id:
     description: The launch to gate (the unit's InvocationID, the log's C(# kpro-launch-id:) header).

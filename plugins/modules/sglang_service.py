@@ -13,8 +13,8 @@ version_added: "0.1.0"
 description:
   - "Renders a systemd unit whose C(ExecStart) is built from one dict of SGLang options (O(options)), an
     C(EnvironmentFile) (mode 0600) holding the API key, and the launcher script that gives every launch its own log
-    C(<log_dir>/<unit>-<InvocationID>.log), headed by C(# kpro-launch-id: <InvocationID>), with C(<log_dir>/<unit>.log)
-    pointing at the newest."
+    C(<log_dir>/<stem>-<InvocationID>.log) (stem = the unit's name without C(.service)), headed by
+    C(# kpro-launch-id: <InvocationID>), with C(<log_dir>/<stem>.log) pointing at the newest."
   - "The unit has C(Type=simple), C(KillMode=control-group) (stopping it ends the scheduler and detokenizer children
     too), C(Restart=no) (the completion gate, M(kpro.gpu_serving.sglang_gate), decides) and O(timeout_stop_sec)."
   - The server is (re)started only when it is not running, when the rendered unit, environment file or launcher differ
