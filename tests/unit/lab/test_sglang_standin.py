@@ -477,3 +477,22 @@ def test_wheels_install_with_uv(tmp_path):
                          env=env, capture_output=True, text=True, check=True, cwd=str(tmp_path))
     assert out.stdout.split() == ["0.5.11", "True"]
     assert shutil.which("sglang", path=str(tmp_path / "venv/bin"))
+
+
+def test_lab_node_state_with_derived_used_memory(lab):
+    """The lab node's state leaves mem_used_mib unset (used = reserved + processes, nvml_render's rule): the
+    stand-in allocates against that and leaves it unset, so NVML keeps deriving it (as in container 129)."""
+    st = lab.state()
+    for g in st["gpus"]:
+        g["mem_used_mib"], g["mem_reserved_mib"] = None, 4
+    (lab.root / "var/lib/kpro-lab/state.json").write_text(json.dumps(st))
+    env = lab.env()
+    code = ("from sglang.srt._kpro_lab import gpustate as g; print(g.free_mib(0)); g.set_usage(0, 1000, 'sglang::scheduler_TP0');"
+            "print(g.free_mib(0)); g.release(); print(g.free_mib(0))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(TOTAL - 4), str(TOTAL - 1004), str(TOTAL - 4)]
+    assert all(g["mem_used_mib"] is None for g in lab.state()["gpus"])
+    # too much for what is free: OutOfMemory, state unchanged
+    code = "from sglang.srt._kpro_lab import gpustate as g\ntry:\n g.set_usage(1, %d, 'x')\nexcept g.OutOfMemory as e:\n print('oom', e.free_mib)" % TOTAL
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["oom", str(TOTAL - 4)] and lab.state()["gpus"][1]["processes"] == []
