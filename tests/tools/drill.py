@@ -53,12 +53,21 @@ DRILLS = {
     "hang": ("timeout", {"sglang_server_stall_timeout": 6}),
     # memory held by a process that is not ours: reported with PID and MiB, never killed
     "gpu_memory_held": ("gpu_memory_held", {}),
+    # the seed's configuration (65536 context, 0.85, NEXTN with SGLang's default of 48 requests):
+    # refused by the memory plan before anything is launched, with the numbers and the flag to change
+    "seed_nextn": ("kv_cache_oom", {"sglang_server_options": {
+        "model_path": "/srv/models/Qwen3.6-27B", "served_model_name": "qwen3.6-27b", "tp_size": 2, "context_length": 65536,
+        "mem_fraction_static": 0.85, "speculative_algorithm": "NEXTN", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4, "host": "0.0.0.0", "port": 30000}}),
 }
+# drills that are a configuration, not a behaviour of the stand-in (no drill file)
+NOT_STANDIN = ("gpu_memory_held", "seed_nextn")
 
 
 # what each failure's own evidence says; no other drill's evidence may show it (a stale log never leaks)
 NEEDLES = {
-    "kv_cache_oom": "Not enough memory", "weights_oom": "CUDA out of memory. Tried to allocate",
+    # (weights_oom has none of its own: its CUDA OOM message is also cuda_graph_failed's)
+    "kv_cache_oom": "Not enough memory",
     "init_failed_before_gpu": "HFValidationError", "nccl_error": "NCCL error", "cuda_graph_failed": "Capture cuda graph failed",
     "port_in_use": "address already in use", "warmup_failed": "warmup error",
 }
@@ -73,7 +82,9 @@ def labctl(*args, check=True):
 
 
 def play(*args):
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+    # our own Ansible settings only: under molecule the environment forces colour and other callbacks
+    env = dict((k, v) for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_", "PY_COLORS")))
+    env.update(ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_CALLBACK_FORMAT_PRETTY="0")
     return subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, PLAYBOOK] + list(args), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=TOP, check=False)
@@ -83,6 +94,7 @@ def gate_result(out):
     """The last ct129 task result that carries a diagnosis (`phase`): the gate's, or the service
     module's when it refused before launching (gpu_memory_held, kv_cache_oom by the plan)."""
     found = None
+    out = re.sub(r"\x1b\[[0-9;]*m", "", out)
     for m in re.finditer(r"^(?:fatal|ok|changed): \[ct129\]: (?:FAILED! )?=> (\{.*\})$", out, re.M):
         res = json.loads(m.group(1))
         if res.get("phase"):
@@ -134,24 +146,29 @@ def untouched_digest():
 def run_drill(name, quiet=False):
     expected, extra = DRILLS[name]
     holder = None
-    set_drill("" if name == "gpu_memory_held" else name)
+    set_drill("" if name in NOT_STANDIN else name)
     if name == "gpu_memory_held":
         # stop our server first: the check is about memory that is not ours
         play("--tags", "serve", "-e", "sglang_server_state=stopped")
         holder = start_foreign_holder()
     args = ["--tags", "serve", "-e", "sglang_server_force_restart=true", "-e", "sglang_server_gate_timeout=120"]
     for k, v in extra.items():
-        args += ["-e", "%s=%s" % (k, v)]
+        args += ["-e", json.dumps({k: v})]
     t0 = time.time()
+    holder_alive = None
     try:
         r = play(*args)
     finally:
         set_drill("")
         if holder is not None:
+            # reported, never killed: the foreign process must still be there
+            holder_alive = labctl("exec", "--", "pct", "exec", "129", "--", "kill", "-0", str(holder), check=False).returncode == 0
             stop_foreign_holder(holder)
     res = gate_result(r.stdout) or {}
     phase = res.get("phase") or ("ready" if r.returncode == 0 else None)
-    ok = phase == expected
+    ok = phase == expected and holder_alive is not False
+    if holder_alive is False:
+        print("    the foreign process holding GPU memory was killed")
     verdict = "OK" if ok else "MISMATCH"
     print("=== drill %-24s phase=%-24s expected=%-22s %s (%.1fs)" % (name, phase, expected, verdict, time.time() - t0))
     if not quiet:

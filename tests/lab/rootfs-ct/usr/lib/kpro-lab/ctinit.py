@@ -454,14 +454,57 @@ def wait_child(pid):
     return ch.status
 
 
+def _gone(proc, my_ns):
+    """A GPU state entry of a process of this PID namespace that no longer runs (or is a zombie)."""
+    si = proc.get("standin") or {}
+    if si.get("pid_ns") != my_ns or not si.get("ns_pid"):
+        return False
+    try:
+        with open("/proc/%d/stat" % si["ns_pid"]) as f:
+            data = f.read()
+    except OSError:
+        return True
+    fields = data[data.rindex(")") + 2:].split()
+    return fields[0] in ("Z", "X") or bool(si.get("start_time") and fields[19] != si["start_time"])
+
+
+def gpu_release_dead():
+    """The driver frees a process's GPU memory when it dies, however it died (SIGKILL included). The lab's
+    GPU state is the node's, shared with the container; entries of processes of this container that are
+    gone are dropped through labstate (which re-renders NVML). No-op without the lab's state library."""
+    try:
+        import labstate  # next to this file in the container (the CT seed carries it)
+        my_ns = os.readlink("/proc/self/ns/pid")
+        st = labstate.load()
+        if not any(_gone(p, my_ns) for g in st.get("gpus") or [] for p in g.get("processes") or []):
+            return
+        with labstate.modify() as st:
+            for g in st.get("gpus") or []:
+                dead = [p for p in g.get("processes") or [] if _gone(p, my_ns)]
+                if g.get("mem_used_mib") is not None:
+                    g["mem_used_mib"] = max(int(g.get("mem_reserved_mib") or 0),
+                                            int(g["mem_used_mib"]) - sum(int(p.get("used_mib") or 0) for p in dead))
+                g["processes"] = [p for p in g.get("processes") or [] if p not in dead]
+    except Exception as e:  # noqa: BLE001  (a lab without a GPU state, or a broken one: nothing to free)
+        if not isinstance(e, (ImportError, OSError, ValueError)):
+            journal("init", "gpu release: %s" % e)
+
+
 def reap():
+    if _reap_children():
+        gpu_release_dead()
+
+
+def _reap_children():
+    n = 0
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return n
         if pid == 0:
-            return
+            return n
+        n += 1
         with CHILD_LOCK:
             ch = CHILDREN.pop(pid, None)
         if ch is not None:
