@@ -81,3 +81,37 @@ def test_drill_reads_the_last_diagnosis_of_the_container():
     vocabulary = {"ready", "kv_cache_oom", "weights_oom", "init_failed_before_gpu", "nccl_error", "cuda_graph_failed",
                   "port_in_use", "warmup_failed", "degenerate_output", "gpu_memory_held", "timeout"}
     assert {phase for phase, _extra in drill.DRILLS.values()} <= vocabulary
+
+
+def test_ct_init_frees_gpu_memory_of_dead_processes_only(tmp_path, monkeypatch):
+    """The container's init acts as the driver: entries of processes of its PID namespace that are gone are
+    dropped (SIGKILLed ones too); live ones, and other namespaces' entries, stay."""
+    import subprocess
+    import sys
+    lablib = os.path.join(REPO, "tests", "lab", "rootfs", "usr", "lib", "kpro-lab")
+    monkeypatch.syspath_prepend(lablib)
+    monkeypatch.setenv("KPRO_LAB_ROOT", str(tmp_path))
+    ctinit = _load("tests/lab/rootfs-ct/usr/lib/kpro-lab/ctinit.py", "kpgs_ctinit")
+    my_ns = os.readlink("/proc/self/ns/pid")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+
+    def start_time(pid):
+        with open("/proc/%d/stat" % pid) as f:
+            data = f.read()
+        return data[data.rindex(")") + 2:].split()[19]
+
+    me = {"pid": os.getpid(), "name": "alive", "used_mib": 100,
+          "standin": {"ns_pid": os.getpid(), "pid_ns": my_ns, "start_time": start_time(os.getpid())}}
+    gone = {"pid": dead.pid, "name": "sglang::scheduler_TP0", "used_mib": 4000,
+            "standin": {"ns_pid": dead.pid, "pid_ns": my_ns, "start_time": "1"}}
+    other = {"pid": dead.pid, "name": "elsewhere", "used_mib": 50,
+             "standin": {"ns_pid": dead.pid, "pid_ns": "pid:[1]", "start_time": "1"}}
+    state = tmp_path / "var/lib/kpro-lab/state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps({"gpus": [{"mem_total_mib": 49140, "mem_reserved_mib": 4, "mem_used_mib": None,
+                                           "processes": [me, gone, other]}]}))
+    assert ctinit._gone(gone, my_ns) and not ctinit._gone(me, my_ns) and not ctinit._gone(other, my_ns)
+    ctinit.gpu_release_dead()
+    left = json.loads(state.read_text())["gpus"][0]["processes"]
+    assert [p["name"] for p in left] == ["alive", "elsewhere"]
