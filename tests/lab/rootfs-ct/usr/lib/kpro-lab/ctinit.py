@@ -491,8 +491,10 @@ def gpu_release_dead():
 
 
 def reap():
-    if _reap_children():
-        gpu_release_dead()
+    _reap_children()
+    # every tick (<= 0.5 s), not only after a reap: a process can die after the reap that followed its
+    # parent's death, or be reaped by its own parent; the driver frees the memory either way
+    gpu_release_dead()
 
 
 def _reap_children():
