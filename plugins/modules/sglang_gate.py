@@ -396,13 +396,28 @@ class Gate(object):
             if self.main_pid and not su.pid_alive(self.main_pid):
                 return
 
+    def settle_log(self, quiet_s=0.3, max_s=2.0):
+        end = time.time() + max_s
+        size, since = self.reader.size(), time.time()
+        while time.time() < end:
+            time.sleep(0.05)
+            now_size = self.reader.size()
+            if now_size != size:
+                size, since = now_size, time.time()
+            elif time.time() - since >= quiet_s:
+                return
+
     def tick(self):
         p = self.p
         now = time.time()
-        text = self.reader.read() if self.reader else None
         alive, status = self.process()
         if status is not None:
             self.exit_status = status
+        if alive is False and self.reader:
+            # the launcher's log writer can still be flushing the last lines (uvicorn's bind error comes after
+            # the scheduler's): read only once the log has stopped growing, so the diagnosis sees them
+            self.settle_log()
+        text = self.reader.read() if self.reader else None
         self.gpu_used = self.gpus()
         size = len(text) if text else 0
         if size != self.last_size or (self.gpu_used and self.last_used and any(abs(a - b) > 64 for a, b in zip(self.gpu_used, self.last_used))):
