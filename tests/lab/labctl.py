@@ -420,8 +420,8 @@ def start_guests():
                              start_new_session=True)
             log("VM %s: kvm stand-in started (%s)" % (vmid, pidfile))
         if guest.get("type") == "lxc" and guest.get("status") == "running":
-            rc = subprocess.call(exec_argv(["pct", "start", str(vmid)]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            log("CT %s: pct start rc=%d" % (vmid, rc))
+            r = subprocess.run(exec_argv(["pct", "start", str(vmid)]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            log("CT %s: pct start rc=%d%s" % (vmid, r.returncode, (": " + r.stderr.strip()) if r.returncode else ""))
 
 
 def lab_locks():
