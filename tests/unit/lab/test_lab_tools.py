@@ -115,3 +115,32 @@ def test_ct_init_frees_gpu_memory_of_dead_processes_only(tmp_path, monkeypatch):
     ctinit.gpu_release_dead()
     left = json.loads(state.read_text())["gpus"][0]["processes"]
     assert [p["name"] for p in left] == ["alive", "elsewhere"]
+
+
+def test_ct_init_renders_a_stale_nvml_view_again(tmp_path, monkeypatch):
+    """A stand-in SIGKILLed between saving state.json and rendering nvml.conf leaves NVML showing memory of
+    processes that are gone (seen in the drills after warmup_failed); the container's init renders it again."""
+    lablib = os.path.join(REPO, "tests", "lab", "rootfs", "usr", "lib", "kpro-lab")
+    monkeypatch.syspath_prepend(lablib)
+    monkeypatch.setenv("KPRO_LAB_ROOT", str(tmp_path))
+    ctinit = _load("tests/lab/rootfs-ct/usr/lib/kpro-lab/ctinit.py", "kpgs_ctinit2")
+    import labstate
+    import nvml_render
+    held = {"bdf": "0000:17:00.0", "name": "NVIDIA RTX A6000", "uuid": "GPU-x", "mem_total_mib": 49140, "mem_reserved_mib": 4,
+            "mem_used_mib": None, "processes": [{"pid": 870, "name": "sglang::scheduler_TP0", "used_mib": 42568}]}
+    base = {"kernel": {"release": "6.8.12-9-pve"}, "modules": {"loaded": ["nvidia"]},
+            "nvidia": {"kernel_modules": {"6.8.12-9-pve": {"version": "580.126.09", "type": "open"}}},
+            "pci": {"devices": {"0000:17:00.0": {"driver": "nvidia"}}}}
+    state = tmp_path / "var/lib/kpro-lab/state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(json.dumps(dict(base, gpus=[held])))
+    labstate.refresh(str(tmp_path))
+    conf = tmp_path / "var/lib/kpro-lab/nvml.conf"
+    assert "proc0.pid=870" in conf.read_text()
+    # the process is gone and its entry was saved away, but the writer died before rendering
+    state.write_text(json.dumps(dict(base, gpus=[dict(held, processes=[])])))
+    assert not labstate.views_current(labstate.load())
+    ctinit.gpu_release_dead()
+    text = conf.read_text()
+    assert "proc0.pid" not in text and "gpu0.mem_used=%d" % (4 * nvml_render.MIB) in text
+    assert labstate.views_current(labstate.load())

@@ -477,6 +477,10 @@ def gpu_release_dead():
         my_ns = os.readlink("/proc/self/ns/pid")
         st = labstate.load()
         if not any(_gone(p, my_ns) for g in st.get("gpus") or [] for p in g.get("processes") or []):
+            # a stand-in SIGKILLed between saving the state and rendering NVML's view leaves that view
+            # stale (memory "held" forever by PIDs that are gone): render it again
+            if not labstate.views_current(st):
+                labstate.refresh()
             return
         with labstate.modify() as st:
             for g in st.get("gpus") or []:

@@ -144,11 +144,27 @@ def save(state, root=None):
         json.dump(state, f, indent=1, sort_keys=True)
         f.write("\n")
     os.rename(tmp, path)
+    _render(state, root)
+
+
+def _render(state, root):
     for func in _RENDERERS:
         func(_root(root), state)
     for ns in _plugins(root):
         if callable(ns.get("render")):
             ns["render"](_root(root), state)
+
+
+def views_current(state, root=None):
+    """True when the rendered views (nvml.conf) match ``state``. A writer SIGKILLed between saving
+    state.json and rendering leaves them stale; :func:`refresh` repairs that."""
+    return _nvml_render is None or _nvml_render.is_current(_root(root), state)
+
+
+def refresh(root=None):
+    """Render the current state again under the lock (each renderer writes only what differs)."""
+    with locked(root):
+        _render(load(root), root)
 
 
 @contextlib.contextmanager
@@ -1049,4 +1065,4 @@ try:  # the NVIDIA stack's renderer (nvml.conf for the fake libnvidia-ml), next 
     import nvml_render as _nvml_render
     register_renderer(_nvml_render.render)
 except ImportError:
-    pass
+    _nvml_render = None

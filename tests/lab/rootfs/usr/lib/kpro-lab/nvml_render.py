@@ -128,6 +128,16 @@ def render_text(state):
     return "\n".join(lines) + "\n"
 
 
+def is_current(root, state):
+    """True when <root>/var/lib/kpro-lab/nvml.conf is what :func:`render` would write for ``state``
+    (or is absent: nothing rendered, nothing stale)."""
+    try:
+        with open(os.path.join(root, CONF_REL)) as f:
+            return f.read() == render_text(state)
+    except (IOError, OSError):
+        return True
+
+
 def render(root, state):
     """The labstate renderer: write <root>/var/lib/kpro-lab/nvml.conf atomically."""
     path = os.path.join(root, CONF_REL)
