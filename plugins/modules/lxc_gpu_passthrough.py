@@ -119,6 +119,14 @@ options:
       - Needs an API connection (O(api_host) with credentials, or O(api_backend=local) on the node).
     type: bool
     default: false
+  ensure_running:
+    description:
+      - Start the container through the PVE API when it is not running (after the config step, so the start applies
+        it). The stages that follow run inside the container; without this a stopped container makes them fail with
+        a connection error instead of a reason.
+      - Needs an API connection like O(restart). In check mode the start is reported, not done.
+    type: bool
+    default: false
   node:
     description: PVE node name for API calls. Found through C(/cluster/resources) when unset.
     type: str
@@ -315,6 +323,15 @@ restarted:
   description: The container was restarted by this run.
   returned: always
   type: bool
+started:
+  description: The container was not running and was started by this run (O(ensure_running=true)).
+  returned: always
+  type: bool
+status:
+  description: The container's status after the run, from the PVE API.
+  returned: when O(ensure_running=true)
+  type: str
+  sample: running
 """
 
 import ast
@@ -393,6 +410,7 @@ def main():
         remove_other_method=dict(type="bool", default=True),
         writer=dict(type="str", default="auto", choices=["auto", "pct", "api", "file"]),
         restart=dict(type="bool", default=False),
+        ensure_running=dict(type="bool", default=False),
         node=dict(type="str"),
         backup=dict(type="bool", default=True),
         backup_dir=dict(type="path", default=lc.DEFAULT_BACKUP_DIR),
@@ -406,7 +424,7 @@ def main():
     p = module.params
     vmid = p["vmid"]
     warnings = []
-    result = dict(changed=False, method=p["method"], restarted=False, restart_required=False,
+    result = dict(changed=False, method=p["method"], restarted=False, started=False, restart_required=False,
                   devn_set={}, devn_delete=[])
 
     def fail(msg, **kw):
@@ -457,11 +475,12 @@ def run(module, p, vmid, result, warnings):
 
     # who would make devN changes: refuse an API token before anything happens
     session = None
-    if writer == "api" or p["restart"]:
+    if writer == "api" or p["restart"] or p["ensure_running"]:
         if not has_api_connection(p):
             raise lc.LxcConfigError(
                 "%s needs a PVE API connection: set api_host with api_token_id/api_token_secret or api_password, "
-                "or api_backend=local on the node" % ("writer=api" if writer == "api" else "restart=true"))
+                "or api_backend=local on the node"
+                % ("writer=api" if writer == "api" else "restart=true" if p["restart"] else "ensure_running=true"))
         if not pa.HAS_PROXMOXER:
             module.fail_json(msg=missing_required_lib("proxmoxer"), exception=str(pa.PROXMOXER_IMPORT_ERROR), **result)
     if writer == "pct" and not module.get_bin_path("pct"):
@@ -525,6 +544,7 @@ def run(module, p, vmid, result, warnings):
         result["diff"] = dict(before=before, after=after, before_header=path, after_header=path)
     if not changed or module.check_mode:
         result["restart_required"] = changed
+        ensure_running(module, p, vmid, result, session)
         return
 
     # ---- apply
@@ -567,11 +587,31 @@ def run(module, p, vmid, result, warnings):
         node = p["node"] or pa.find_node(session, vmid)
         tasks = pa.ct_restart(session, node, vmid, p["task_timeout"], p["shutdown_timeout"])
         result["restarted"] = bool(tasks)
-        if not tasks:
+        if not tasks and not p["ensure_running"]:
             warnings.append("CT %s is stopped; the new passthrough applies at its next start" % vmid)
     else:
         result["restart_required"] = True
+    ensure_running(module, p, vmid, result, session)
+    if result["restart_required"]:
         warnings.append("CT %s config changed; restart the container to apply it (restart=true does that)" % vmid)
+
+
+def ensure_running(module, p, vmid, result, session=None):
+    """Start a container that is not running (O(ensure_running)); a start applies the config just written."""
+    if not p["ensure_running"]:
+        return
+    session = session or pa.connect(p)
+    node = p["node"] or pa.find_node(session, vmid)
+    status = pa.ct_status(session, node, vmid).get("status")
+    result["status"] = status
+    if status == "running":
+        return
+    if not module.check_mode:
+        pa.ct_start(session, node, vmid, p["task_timeout"])
+        result["status"] = pa.ct_status(session, node, vmid).get("status")
+        if result["status"] != "running":
+            raise pa.ProxmoxApiError("CT %s: the start task ended OK but the container is %s" % (vmid, result["status"]))
+    result.update(changed=True, started=True, restart_required=False)
 
 
 def check_lock(conf, vmid):

@@ -76,3 +76,11 @@ def test_devn_passthrough_changes_only_its_lines_and_restarts_once(lab):
     again = play("--tags", "lxc_gpu")
     assert recap(again.stdout)["changed"] == 0
     assert lab.state()["guests"]["129"].get("pid") == pid_after and conf(lab) == after
+    # a stopped container (a rebuilt host with onboot 0, an operator's pct stop) is started, once
+    lab.exec("pct", "stop", "129")
+    assert lab.state()["guests"]["129"]["status"] == "stopped"
+    third = play("--tags", "lxc_gpu")
+    assert recap(third.stdout)["failed"] == 0 and recap(third.stdout)["changed"] == 1, third.stdout[-3000:]
+    assert lab.state()["guests"]["129"]["status"] == "running" and conf(lab) == after
+    assert "running" in lab.exec("pct", "status", "129").stdout
+    assert recap(play("--tags", "lxc_gpu").stdout)["changed"] == 0

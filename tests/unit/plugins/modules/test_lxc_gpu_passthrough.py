@@ -214,6 +214,72 @@ def test_restart_when_changed_only(env, monkeypatch):
     assert not r["changed"] and not r["restarted"] and len(calls) == 1
 
 
+class FakeCt(object):
+    """A container's power state behind the API calls the module makes."""
+
+    def __init__(self, status):
+        self.status = status
+        self.calls = []
+
+    def install(self, monkeypatch):
+        from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+
+        class S(object):
+            backend = "https"
+        monkeypatch.setattr(pa, "HAS_PROXMOXER", True)
+        monkeypatch.setattr(pa, "connect", lambda p: S())
+        monkeypatch.setattr(pa, "find_node", lambda s, v: "kpro5")
+        monkeypatch.setattr(pa, "ct_status", lambda s, n, v: {"status": self.status})
+
+        def start(s, n, v, t):
+            self.calls.append(("start", n, v))
+            self.status = "running"
+            return {"exitstatus": "OK"}
+
+        def restart(s, n, v, t, st):
+            if self.status != "running":
+                return []
+            self.calls.append(("restart", n, v))
+            return [{"exitstatus": "OK"}] * 2
+        monkeypatch.setattr(pa, "ct_start", start)
+        monkeypatch.setattr(pa, "ct_restart", restart)
+        return self
+
+
+def test_ensure_running_starts_a_stopped_container_once(env, monkeypatch):
+    ct = FakeCt("stopped").install(monkeypatch)
+    a = args(env, restart=True, ensure_running=True, api_host="10.213.5.2", api_token_id="ansible", api_token_secret="x")
+    # check mode: the config change and the start are reported, nothing is done
+    before = digest(env)
+    r = ok(a, check_mode=True)
+    assert r["changed"] and ct.calls == [] and ct.status == "stopped" and digest(env) == before
+    # the config is written, then the stopped container is started (which applies it): no restart needed
+    r = ok(a)
+    assert r["changed"] and r["started"] and not r["restarted"] and not r["restart_required"] and r["status"] == "running"
+    assert ct.calls == [("start", "kpro5", 129)]
+    # running and converged: nothing to do
+    r = ok(a)
+    assert not r["changed"] and not r["started"] and r["status"] == "running" and len(ct.calls) == 1
+    # stopped again with the config already right: started, and only that
+    ct.status = "stopped"
+    r = ok(a)
+    assert r["changed"] and r["started"] and r["devn_set"] == {} and ct.calls[-1] == ("start", "kpro5", 129)
+
+
+def test_without_ensure_running_a_stopped_container_stays_stopped(env, monkeypatch):
+    ct = FakeCt("stopped").install(monkeypatch)
+    warned = []
+    monkeypatch.setattr(mod.AnsibleModule, "warn", lambda self, w: warned.append(w))
+    a = args(env, restart=True, api_host="10.213.5.2", api_token_id="ansible", api_token_secret="x")
+    r = ok(a)
+    assert r["changed"] and not r["started"] and not r["restarted"] and ct.calls == [] and ct.status == "stopped"
+    assert any("is stopped" in w for w in warned), warned
+
+
+def test_ensure_running_needs_a_connection(env):
+    assert_nothing_written(env, args(env, ensure_running=True), "ensure_running=true needs a PVE API connection")
+
+
 # ------------------------------------------------------------------ writer=pct with a stand-in pct
 
 
