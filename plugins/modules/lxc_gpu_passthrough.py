@@ -582,6 +582,7 @@ def run(module, p, vmid, result, warnings):
         result["lxc_lines"] = owned_raw(final, devices, proc_devices)
 
     # ---- restart
+    node = None
     if p["restart"]:
         session = session or pa.connect(p)
         node = p["node"] or pa.find_node(session, vmid)
@@ -591,26 +592,24 @@ def run(module, p, vmid, result, warnings):
             warnings.append("CT %s is stopped; the new passthrough applies at its next start" % vmid)
     else:
         result["restart_required"] = True
-    ensure_running(module, p, vmid, result, session)
+    if not result["restarted"]:  # a restarted container is running
+        ensure_running(module, p, vmid, result, session, node)
     if result["restart_required"]:
         warnings.append("CT %s config changed; restart the container to apply it (restart=true does that)" % vmid)
 
 
-def ensure_running(module, p, vmid, result, session=None):
+def ensure_running(module, p, vmid, result, session=None, node=None):
     """Start a container that is not running (O(ensure_running)); a start applies the config just written."""
     if not p["ensure_running"]:
         return
     session = session or pa.connect(p)
-    node = p["node"] or pa.find_node(session, vmid)
-    status = pa.ct_status(session, node, vmid).get("status")
-    result["status"] = status
-    if status == "running":
+    node = node or p["node"] or pa.find_node(session, vmid)
+    result["status"] = pa.ct_status(session, node, vmid).get("status")
+    if result["status"] == "running":
         return
     if not module.check_mode:
-        pa.ct_start(session, node, vmid, p["task_timeout"])
-        result["status"] = pa.ct_status(session, node, vmid).get("status")
-        if result["status"] != "running":
-            raise pa.ProxmoxApiError("CT %s: the start task ended OK but the container is %s" % (vmid, result["status"]))
+        pa.ct_start(session, node, vmid, p["task_timeout"])  # raises unless the start task ended OK
+        result["status"] = "running"
     result.update(changed=True, started=True, restart_required=False)
 
 
