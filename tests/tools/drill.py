@@ -44,7 +44,7 @@ DRILLS = {
     "warmup_failed": ("warmup_failed", {}),
     "degenerate_output": ("degenerate_output", {}),
     "degenerate_loop": ("degenerate_output", {}),
-    # a scheduler that outlives kill_process_tree (the seed's pkill case): the next launch's stop ends
+    # a scheduler that outlives kill_process_tree (the seed's leftover scheduler): the next launch's stop ends
     # it by the unit's cgroup and waits on NVML for the memory, so the stage still ends ready
     "leftover_child": ("ready", {}),
     # slow but progressing (log and GPU memory move): not a hang, the gate waits and ends ready

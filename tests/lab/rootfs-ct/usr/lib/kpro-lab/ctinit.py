@@ -468,6 +468,14 @@ def _gone(proc, my_ns):
     return fields[0] in ("Z", "X") or bool(si.get("start_time") and fields[19] != si["start_time"])
 
 
+_VIEW_CHECKED = [None]  # the state.json version whose rendered view was last found current
+
+
+def _state_version(labstate):
+    st = os.stat(labstate.state_path())
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def gpu_release_dead():
     """The driver frees a process's GPU memory when it dies, however it died (SIGKILL included). The lab's
     GPU state is the node's, shared with the container; entries of processes of this container that are
@@ -475,12 +483,15 @@ def gpu_release_dead():
     try:
         import labstate  # next to this file in the container (the CT seed carries it)
         my_ns = os.readlink("/proc/self/ns/pid")
+        version = _state_version(labstate)  # before the load: a newer state is checked again next tick
         st = labstate.load()
         if not any(_gone(p, my_ns) for g in st.get("gpus") or [] for p in g.get("processes") or []):
             # a stand-in SIGKILLed between saving the state and rendering NVML's view leaves that view
-            # stale (memory "held" forever by PIDs that are gone): render it again
-            if not labstate.views_current(st):
-                labstate.refresh()
+            # stale (memory "held" forever by PIDs that are gone): render it again, once per state version
+            if version != _VIEW_CHECKED[0]:
+                if not labstate.views_current(st):
+                    labstate.refresh()
+                _VIEW_CHECKED[0] = version
             return
         with labstate.modify() as st:
             for g in st.get("gpus") or []:
