@@ -132,9 +132,7 @@ def test_ct_init_renders_a_stale_nvml_view_again(tmp_path, monkeypatch):
             "nvidia": {"kernel_modules": {"6.8.12-9-pve": {"version": "580.126.09", "type": "open"}}},
             "pci": {"devices": {"0000:17:00.0": {"driver": "nvidia"}}}}
     state = tmp_path / "var/lib/kpro-lab/state.json"
-    state.parent.mkdir(parents=True)
-    state.write_text(json.dumps(dict(base, gpus=[held])))
-    labstate.refresh(str(tmp_path))
+    labstate.save(dict(base, gpus=[held]), str(tmp_path))
     conf = tmp_path / "var/lib/kpro-lab/nvml.conf"
     assert "proc0.pid=870" in conf.read_text()
     # the process is gone and its entry was saved away, but the writer died before rendering
@@ -144,3 +142,10 @@ def test_ct_init_renders_a_stale_nvml_view_again(tmp_path, monkeypatch):
     text = conf.read_text()
     assert "proc0.pid" not in text and "gpu0.mem_used=%d" % (4 * nvml_render.MIB) in text
     assert labstate.views_current(labstate.load())
+    # any writer's modify() repairs it too, even one that changes nothing (the stand-in's reap)
+    labstate.save(dict(base, gpus=[held]), str(tmp_path))
+    state.write_text(json.dumps(dict(base, gpus=[dict(held, processes=[])])))
+    assert not labstate.views_current(labstate.load())
+    with labstate.modify():
+        pass
+    assert "proc0.pid" not in conf.read_text() and labstate.views_current(labstate.load())

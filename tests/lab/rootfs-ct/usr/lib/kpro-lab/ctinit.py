@@ -487,11 +487,12 @@ def gpu_release_dead():
         st = labstate.load()
         if not any(_gone(p, my_ns) for g in st.get("gpus") or [] for p in g.get("processes") or []):
             # a stand-in SIGKILLed between saving the state and rendering NVML's view leaves that view
-            # stale (memory "held" forever by PIDs that are gone): render it again, once per state version
-            if version != _VIEW_CHECKED[0]:
-                if not labstate.views_current(st):
-                    labstate.refresh()
-                _VIEW_CHECKED[0] = version
+            # stale (memory "held" forever by PIDs that are gone); an unchanged modify() renders it again.
+            # Once per state version: no lock on every tick
+            if version != _VIEW_CHECKED[0] and not labstate.views_current(st):
+                with labstate.modify():
+                    pass
+            _VIEW_CHECKED[0] = version
             return
         with labstate.modify() as st:
             for g in st.get("gpus") or []:

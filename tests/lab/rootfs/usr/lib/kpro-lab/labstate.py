@@ -157,14 +157,8 @@ def _render(state, root):
 
 def views_current(state, root=None):
     """True when the rendered views (nvml.conf) match ``state``. A writer SIGKILLed between saving
-    state.json and rendering leaves them stale; :func:`refresh` repairs that."""
+    state.json and rendering leaves them stale; the next :func:`modify` renders them again."""
     return _nvml_render is None or _nvml_render.is_current(_root(root), state)
-
-
-def refresh(root=None):
-    """Render the current state again under the lock (each renderer writes only what differs)."""
-    with locked(root):
-        _render(load(root), root)
 
 
 @contextlib.contextmanager
@@ -189,6 +183,8 @@ def modify(root=None):
         yield state
         if state != before:
             save(state, root)
+        elif not views_current(state, root):
+            _render(state, root)  # a writer died between saving and rendering: repair its views
 
 
 # --------------------------------------------------------------------------------------
