@@ -12,7 +12,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLL_LINK := .collections/ansible_collections/kpro/gpu_serving
 
-.PHONY: help setup lock sglang-lock units sanity lint lab-up lab-down lab-test molecule test demo drill bench build clean
+.PHONY: .debian-tools help setup lock sglang-lock units sanity lint lab-up lab-down lab-test molecule test demo drill bench build clean
 
 help:
 	@echo "make demo   - set up, bring the lab up, run the migration twice (second run changed=0), lab down"
@@ -27,10 +27,14 @@ $(VENV)/.synced: requirements/dev.lock
 	VIRTUAL_ENV=$(VENV) uv pip sync -q --require-hashes requirements/dev.lock
 	@touch $@
 
+# Debian tools the tests use outside the lab too (the lab's package mirror is indexed with apt-ftparchive).
+.debian-tools:
+	@command -v apt-ftparchive >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends apt-utils; }
+
 $(COLL_LINK):
 	@mkdir -p $(dir $@) && ln -sfn ../../.. $@
 
-setup: $(VENV)/.synced $(COLL_LINK)
+setup: $(VENV)/.synced $(COLL_LINK) .debian-tools
 
 lock:
 	uv pip compile requirements/dev.in --python "$(PYTHON)" --generate-hashes -q -o requirements/dev.lock

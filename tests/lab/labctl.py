@@ -24,6 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "rootfs", "usr", "lib", "kpro-lab"))
 
+import aptrepo  # noqa: E402
 import labstate  # noqa: E402
 import rootfs_cache  # noqa: E402
 
@@ -49,7 +50,7 @@ LOCKS = os.path.join(RUN, "locks")
 WHEEL_CACHE = os.path.join(os.environ.get("KPGS_LAB_CACHE", "/var/cache/kpgs-lab"), "wheels")
 LAB_SGLANG_VERSIONS = ("0.5.9", "0.5.10.post1", "0.5.11")
 PACKAGES = {"openssh-server": "/usr/sbin/sshd", "debootstrap": "/usr/sbin/debootstrap", "fuse3": "/usr/bin/fusermount3",
-            "iproute2": "/usr/sbin/ip"}
+            "iproute2": "/usr/sbin/ip", "apt-utils": "/usr/bin/apt-ftparchive"}
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NODE_ENV = {"PATH": NODE_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", "USER": "root", "LOGNAME": "root"}
 SSHD_CONFIG = """# kpro5 (kpro lab): key-only root login from the lab key
@@ -315,7 +316,7 @@ def node_init():
     _mount("--make-rprivate", "/")
     for d in (UPPER, WORK, MERGED, FUSEDIR):
         os.makedirs(d, exist_ok=True)
-    lower = rootfs_cache.rootfs_dir()
+    lower = rootfs_cache.rootfs_dir("pve8")
     _mount("-t", "overlay", "kpgs-kpro5", "-o", "lowerdir=%s,upperdir=%s,workdir=%s" % (lower, UPPER, WORK), MERGED)
     _mount("-t", "proc", "proc", os.path.join(MERGED, "proc"))
     fs_pid = _spawn([sys.executable, "-W", "ignore", os.path.join(HERE, "fakesys.py"), MERGED, FUSEDIR], "fakesys.log",
@@ -350,7 +351,7 @@ def node_init():
     ct_base, ct_disks = os.path.join(MERGED, "var/lib/kpro-lab/ct-base"), os.path.join(MERGED, "var/lib/kpro-lab/ct")
     for d in (ct_base, ct_disks, CTDIR):
         os.makedirs(d, exist_ok=True)
-    _mount("--bind", "-o", "ro", lower, ct_base)
+    _mount("--bind", "-o", "ro", rootfs_cache.rootfs_dir("ct"), ct_base)
     _mount("--bind", CTDIR, ct_disks)
     socket.sethostname("kpro5")
     roles["anchor"] = _spawn(["/bin/sleep", "infinity"], "anchor.log")
@@ -424,6 +425,25 @@ def start_guests():
             log("CT %s: pct start rc=%d%s" % (vmid, r.returncode, (": " + r.stderr.strip()) if r.returncode else ""))
 
 
+def apt_mirror():
+    """The lab's package mirror (aptrepo.py): Debian's packages from the pools, Proxmox's header stand-ins for
+    every release the node's kernel has headers available for."""
+    t0 = time.time()
+    aptrepo.build_debian(RUN)
+    releases = (labstate.load(UPPER).get("kernel") or {}).get("headers_available") or []
+    aptrepo.build_pve(RUN, releases)
+    log("apt mirror: %d Debian packages, headers for %s (%.1fs)" % (
+        len(os.listdir(os.path.join(RUN, "build", "apt", "debian"))) - 2, ", ".join(releases), time.time() - t0))
+
+
+def apt_update():
+    """apt's lists on the node, as a host that has run apt-get update once after its install has them."""
+    r = subprocess.run(exec_argv(["apt-get", "update", "-qq"]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       universal_newlines=True, env=dict(NODE_ENV))
+    if r.returncode != 0:
+        raise RuntimeError("apt-get update on the node failed: %s" % r.stdout.strip())
+
+
 def lab_locks():
     """The stand-in wheels and, from them and the cached PyPI wheels, the hashed locks the lab
     inventory points sglang_install at (made as roles/sglang_install/files/locks/regenerate.sh
@@ -487,7 +507,8 @@ def cmd_up(args):
         cmd_down(argparse.Namespace(keep_disk=True))
     t0 = time.time()
     ensure_packages()
-    rootfs_cache.ensure_rootfs(log)
+    for variant in rootfs_cache.VARIANTS:
+        rootfs_cache.ensure_rootfs(variant, log)
     os.makedirs(PIDS, exist_ok=True)
     ensure_keys()
     if fresh_upper():
@@ -497,6 +518,7 @@ def cmd_up(args):
         refresh_fakes(UPPER)
     install_access(UPPER)
     run_build_scripts()
+    apt_mirror()
     lab_locks()
     netns_up()
     for stale in ("ns-map.json",):
@@ -524,6 +546,7 @@ def cmd_up(args):
                 record(role, byns[npid])
         _wait_for(ssh_ok, 30, "ssh on %s" % NODE_IP)
         services_up()
+        apt_update()
         start_guests()
     except Exception as e:
         log("up failed: %s" % e)

@@ -1,44 +1,81 @@
-"""Build (once) and cache the node's lower layer: a debootstrap'd Debian bookworm.
+"""Build (once) and cache the lab's lower layers: Debian bookworm roots as a fresh install has them.
 
-``ensure_rootfs()`` returns the cached directory; it is built into a temporary
-directory and renamed into place only when complete, with a stamp file naming the
-packages, so an interrupted build never leaves a half rootfs behind.
-Runs on the controller (root), Python 3.12, stdlib only.
+Two roots, each from a stock package list under ``tests/lab/stock/`` (the source of each list is
+named in its header):
+
+* ``pve8``: the simulated node kpro5, the Debian part of a fresh Proxmox VE 8 install (no compiler,
+  no dkms, no python3-proxmoxer, no NVIDIA software);
+* ``ct``: container 129, Proxmox's stock ``debian-12-standard`` template.
+
+Both start from one cached ``debootstrap --variant=minbase``. While a root is built, apt downloads
+(never installs) what the collection will install on it, resolved against that root's own package
+state, into ``apt-pool-<variant>/``: the lab's package mirror (tests/lab/aptrepo.py) serves those
+real Debian packages, so the collection's ``apt`` tasks install the real bytes with the real apt and
+dpkg, and a package the collection did not install is not there.
+
+``ensure_rootfs(variant)`` returns the cached directory; each is built in a temporary directory and
+renamed into place only when complete, with a stamp naming its inputs, so an interrupted build never
+leaves a half root behind. Runs on the controller (root), Python 3.12, stdlib only.
 """
 
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 MIRROR = "http://deb.debian.org/debian"
 SUITE = "bookworm"
-# No kmod: modprobe/rmmod/lsmod are the lab's fakes. python3 for Ansible and the fakes.
-# python3-proxmoxer and python3-requests stand for what the lxc_gpu role installs with apt on a real host
-# (the node has no network to reach a mirror).
-PACKAGES = ["python3", "python3-venv", "python3-proxmoxer", "python3-requests", "openssh-server", "procps", "iproute2", "ca-certificates"]
-STAMP_VERSION = "1"
+STAMP_VERSION = "2"
+# The lab's package mirror (aptrepo.py, served by labsvc's file server on the controller side of the veth):
+# a root's apt sources, as a site with its own mirror has them. The node also has the Proxmox repository.
+APT_URL = "http://10.213.5.1:18600/apt"
+SOURCES = {
+    "etc/apt/sources.list": "# kpro lab: Debian bookworm through the lab's mirror\ndeb [trusted=yes] %s/debian ./\n" % APT_URL,
+    "etc/apt/sources.list.d/pve-no-subscription.list": (
+        "# kpro lab: Proxmox VE no-subscription through the lab's mirror (lab-built proxmox-headers-*)\n"
+        "deb [trusted=yes] %s/pve ./\n" % APT_URL),
+}
+VARIANT_SOURCES = {"pve8": list(SOURCES), "ct": ["etc/apt/sources.list"]}
+VARIANTS = ("pve8", "ct")
+# What the collection installs on each, from Debian (the Proxmox-only packages, proxmox-headers-*,
+# are lab-built stand-ins: aptrepo.py). python3-apt: ansible.builtin.apt installs it when missing.
+COLLECTION_PACKAGES = {
+    "pve8": ["build-essential", "dkms", "python3-proxmoxer", "python3-requests", "python3-apt"],
+    "ct": ["python3", "python3-apt", "python3-venv", "kmod", "ca-certificates"],
+}
 
 
 def cache_dir():
     return os.environ.get("KPGS_LAB_CACHE", "/var/cache/kpgs-lab")
 
 
-def rootfs_dir():
-    return os.path.join(cache_dir(), "rootfs-" + SUITE)
+def stock_packages(variant):
+    """The stock list of a variant: one package a line, ``#`` comments (the sources)."""
+    with open(os.path.join(HERE, "stock", variant + ".txt")) as f:
+        return [ln.split("#")[0].strip() for ln in f if ln.split("#")[0].strip()]
 
 
-def _stamp_text():
-    return "kpgs-lab rootfs v%s %s %s\n" % (STAMP_VERSION, SUITE, " ".join(PACKAGES))
+def rootfs_dir(variant):
+    return os.path.join(cache_dir(), "rootfs-%s-%s" % (SUITE, variant))
 
 
-def is_built():
-    stamp = os.path.join(rootfs_dir(), ".kpgs-lab-stamp")
+def pool_dir(variant):
+    return os.path.join(cache_dir(), "apt-pool-" + variant)
+
+
+def _stamp_text(variant):
+    inputs = " ".join(stock_packages(variant)) + " | " + " ".join(COLLECTION_PACKAGES[variant])
+    return "kpgs-lab rootfs v%s %s %s %s\n" % (STAMP_VERSION, SUITE, variant, hashlib.sha256(inputs.encode()).hexdigest())
+
+
+def is_built(variant):
     try:
-        with open(stamp) as f:
-            return f.read() == _stamp_text()
+        with open(os.path.join(rootfs_dir(variant), ".kpgs-lab-stamp")) as f:
+            return f.read() == _stamp_text(variant) and os.path.isdir(pool_dir(variant))
     except OSError:
         return False
 
@@ -48,40 +85,81 @@ def _run(cmd, log):
     subprocess.run(cmd, check=True, stdout=sys.stderr, stderr=sys.stderr)
 
 
-def ensure_rootfs(log=lambda m: print(m, file=sys.stderr)):
-    """Return the cached rootfs path, building it first if needed (~1 min, network)."""
+def _in_chroot(root, script, log):
+    """Run a shell script chrooted in ``root`` with /proc, in a private mount namespace (no host mount leaks)."""
+    outer = "set -e; mount -t proc proc %(t)s/proc; chroot %(t)s sh -ec '%(s)s'; umount %(t)s/proc" % {
+        "t": root, "s": "export DEBIAN_FRONTEND=noninteractive; " + script}
+    _run(["unshare", "--mount", "--propagation", "private", "sh", "-c", outer], log)
+
+
+def _fresh(path):
+    if os.path.lexists(path):
+        subprocess.run(["umount", "-l", os.path.join(path, "proc")], stderr=subprocess.DEVNULL, check=False)
+        shutil.rmtree(path)
+
+
+def _minbase(log):
+    """debootstrap minbase, cached: the common start of both roots (~1 min, network)."""
+    final = os.path.join(cache_dir(), "debootstrap-%s-minbase" % SUITE)
+    if os.path.isfile(os.path.join(final, ".kpgs-lab-stamp")):
+        return final
+    tmp = final + ".building"
+    _fresh(tmp)
+    _run(["debootstrap", "--variant=minbase", SUITE, tmp, MIRROR], log)
+    with open(os.path.join(tmp, ".kpgs-lab-stamp"), "w") as f:
+        f.write("minbase\n")
+    _fresh(final)
+    os.rename(tmp, final)
+    return final
+
+
+def _build(variant, log):
+    tmp = rootfs_dir(variant) + ".building"
+    _fresh(tmp)
+    _run(["cp", "-a", _minbase(log), tmp], log)
+    os.unlink(os.path.join(tmp, ".kpgs-lab-stamp"))
+    _write_policy_rc(tmp)  # no service starts inside the chroot (exit 101)
+    _in_chroot(tmp, "apt-get update -qq; apt-get install -y -qq --no-install-recommends %s; apt-get clean; "
+               "apt-get install -y -qq --no-install-recommends --download-only %s" % (" ".join(stock_packages(variant)),
+                                                              " ".join(COLLECTION_PACKAGES[variant])), log)
+    pool = pool_dir(variant)
+    _fresh(pool + ".new")
+    shutil.move(os.path.join(tmp, "var/cache/apt/archives"), pool + ".new")
+    os.makedirs(os.path.join(tmp, "var/cache/apt/archives/partial"))
+    for name in os.listdir(pool + ".new"):
+        if not name.endswith(".deb"):
+            shutil.rmtree(os.path.join(pool + ".new", name), ignore_errors=True)
+    # A fresh install has no lists from the lab's mirror; the lab's up runs apt-get update once on the node.
+    shutil.rmtree(os.path.join(tmp, "var/lib/apt/lists"))
+    os.makedirs(os.path.join(tmp, "var/lib/apt/lists/partial"))
+    for rel in VARIANT_SOURCES[variant]:
+        os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
+        with open(os.path.join(tmp, rel), "w") as f:
+            f.write(SOURCES[rel])
+    for name in os.listdir(os.path.join(tmp, "etc/ssh")) if os.path.isdir(os.path.join(tmp, "etc/ssh")) else []:
+        if name.startswith("ssh_host_"):  # the lab brings its own host keys
+            os.unlink(os.path.join(tmp, "etc/ssh", name))
+    return tmp, pool
+
+
+def ensure_rootfs(variant, log=lambda m: print(m, file=sys.stderr)):
+    """Return the cached root of ``variant``, building it first if needed (a few minutes the first time)."""
     os.makedirs(cache_dir(), exist_ok=True)
-    final = rootfs_dir()
+    final = rootfs_dir(variant)
     with open(os.path.join(cache_dir(), ".build.lock"), "a") as lf:
         fcntl.flock(lf, fcntl.LOCK_EX)
-        if is_built():
+        if is_built(variant):
             return final
         t0 = time.time()
-        log("building the lab rootfs (debootstrap %s) into %s" % (SUITE, final))
-        tmp = final + ".building"
-        if os.path.lexists(tmp):
-            subprocess.run(["umount", "-l", os.path.join(tmp, "proc")], stderr=subprocess.DEVNULL, check=False)
-            shutil.rmtree(tmp)
-        _run(["debootstrap", "--variant=minbase", SUITE, tmp, MIRROR], log)
-        _write_policy_rc(tmp)  # no service starts inside the chroot (exit 101)
-        # Install inside a private mount namespace so the /proc mount never shows on the host.
-        script = (
-            "set -e; mount -t proc proc %(t)s/proc; "
-            "chroot %(t)s sh -c 'export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && "
-            "apt-get install -y -qq --no-install-recommends %(p)s && apt-get clean'; "
-            "umount %(t)s/proc" % {"t": tmp, "p": " ".join(PACKAGES)}
-        )
-        _run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], log)
-        # Host keys generated by the package postinst are not used (the lab brings its own).
-        for name in os.listdir(os.path.join(tmp, "etc/ssh")):
-            if name.startswith("ssh_host_"):
-                os.unlink(os.path.join(tmp, "etc/ssh", name))
+        log("building the lab's %s root (debootstrap %s + tests/lab/stock/%s.txt) into %s" % (variant, SUITE, variant, final))
+        tmp, pool = _build(variant, log)
         with open(os.path.join(tmp, ".kpgs-lab-stamp"), "w") as f:
-            f.write(_stamp_text())
-        if os.path.lexists(final):
-            shutil.rmtree(final)
+            f.write(_stamp_text(variant))
+        _fresh(pool)
+        os.rename(pool + ".new", pool)
+        _fresh(final)
         os.rename(tmp, final)
-        log("rootfs built in %.1fs" % (time.time() - t0))
+        log("%s root built in %.1fs (%d packages in its apt pool)" % (variant, time.time() - t0, len(os.listdir(pool))))
         return final
 
 
@@ -93,4 +171,5 @@ def _write_policy_rc(tmp):
 
 
 if __name__ == "__main__":
-    print(ensure_rootfs())
+    for v in sys.argv[1:] or VARIANTS:
+        print(ensure_rootfs(v))

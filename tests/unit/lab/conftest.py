@@ -92,10 +92,23 @@ class Root(object):
         for name in os.listdir(LABLIB):
             if name.endswith(".py"):
                 shutil.copy(os.path.join(LABLIB, name), os.path.join(self.path, "usr/lib/kpro-lab", name))
-        for rel in ("usr/sbin/dkms", "usr/bin/systemctl", "usr/local/sbin/apt-get"):
-            src = os.path.join(LAB, "rootfs", rel)
-            if os.path.exists(src):
-                shutil.copy(src, os.path.join(self.path, rel))
+        shutil.copy(os.path.join(LAB, "rootfs", "usr/bin/systemctl"), os.path.join(self.path, "usr/bin/systemctl"))
+        self.install_dkms()
+
+    def install_dkms(self):
+        """The dkms package installed: the lab's stand-in where the real one goes (fakes/install-fakes)."""
+        shutil.copy(os.path.join(LABLIB, "fakes", "dkms"), self.p("/usr/sbin/dkms"))
+
+    def install_headers(self, release):
+        """What the lab's proxmox-headers-<release> package does (tests/lab/aptrepo.py): files, link, state."""
+        src = self.p("/usr/src/linux-headers-%s" % release)
+        os.makedirs(src, exist_ok=True)
+        with open(os.path.join(src, "Makefile"), "w") as f:
+            f.write("# kpro lab: headers of %s\n" % release)
+        os.makedirs(self.p("/lib/modules/%s" % release), exist_ok=True)
+        os.symlink("/usr/src/linux-headers-%s" % release, self.p("/lib/modules/%s/build" % release))
+        with self.modify() as st:
+            st["kernel"].setdefault("headers", []).append(release)
 
     def p(self, rel):
         return os.path.join(self.path, rel.lstrip("/"))

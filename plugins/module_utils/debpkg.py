@@ -1,0 +1,79 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Debian packages a stage needs, through dpkg-query and apt-get: what is missing, what apt would do.
+
+Why not ``ansible.builtin.apt``: it needs python3-apt, which a stock Proxmox VE host or Proxmox's
+standard Debian template may lack, and in check mode it refuses to run without it. ``dpkg-query``
+and ``apt-get -s`` are on every Debian root, need no Python binding, and ``apt-get -s`` prints
+apt's own plan (dependencies included), so ``--check`` shows exactly what a run installs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+
+DPKG_QUERY_FORMAT = "${Package}\\t${db:Status-Status}\\n"
+APT_ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+# apt-get's messages for a package it cannot install (apt-pkg/cachefile.cc, cmdline/apt-get.cc):
+_UNAVAILABLE = (re.compile(r"^E: Unable to locate package (\S+)"),
+                re.compile(r"^E: Package '([^']+)' has no installation candidate"),
+                re.compile(r"^E: Version '[^']*' for '([^']+)' was not found"))
+_INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\(([^ )]+)")
+# Where a package comes from, for the remedy when apt cannot find it.
+_REPOSITORY_HINTS = (
+    ("proxmox-", "the Proxmox VE repository (pve-no-subscription, or pve-enterprise with a subscription) in "
+                 "/etc/apt/sources.list.d, then apt-get update"),
+    ("pve-", "the Proxmox VE repository (pve-no-subscription, or pve-enterprise with a subscription) in "
+             "/etc/apt/sources.list.d, then apt-get update"),
+)
+DEBIAN_HINT = "Debian's bookworm main repository (or a mirror of it) in /etc/apt/sources.list, then apt-get update"
+
+
+def expand(names, kernel):
+    """``{kernel}`` in a name is the running kernel's release (proxmox-headers-{kernel})."""
+    return [n.replace("{kernel}", kernel) for n in names]
+
+
+def installed(dpkg_query_out):
+    """Names dpkg reports as installed (``db:Status-Status`` is ``installed``; ``config-files`` is not)."""
+    out = set()
+    for line in dpkg_query_out.splitlines():
+        name, _, status = line.partition("\t")
+        if status.strip() == "installed":
+            out.add(name.split(":")[0])
+    return out
+
+
+def missing(wanted, present):
+    return [n for n in wanted if n not in present]
+
+
+def simulation(stdout, stderr):
+    """apt-get -s: ``new`` [(name, version)] it would install, ``unavailable`` names it cannot find."""
+    new = [m.groups() for m in map(_INST.match, stdout.splitlines()) if m]
+    unavailable = []
+    for line in stderr.splitlines():
+        for rx in _UNAVAILABLE:
+            m = rx.match(line)
+            if m:
+                unavailable.append(m.group(1))
+    return {"new": [{"name": n, "version": v} for n, v in new], "unavailable": unavailable}
+
+
+def unavailable_failure(unavailable, stderr, refreshed):
+    """The cause (apt's own words) and, per package, the repository that has it."""
+    hints = sorted({next((h for p, h in _REPOSITORY_HINTS if n.startswith(p)), DEBIAN_HINT) for n in unavailable})
+    when = "after apt-get update" if refreshed else "with apt's current lists (check mode does not refresh them)"
+    return Failure("packages_unavailable",
+                   "apt cannot install %s %s." % (", ".join(unavailable), when),
+                   "Enable " + "; or ".join(hints) + ".",
+                   evidence=[ln for ln in stderr.splitlines() if ln.startswith(("E:", "W:"))])
+
+
+def install_argv(apt_get, names):
+    # Recommends stay out: dkms recommends linux-headers-amd64, Debian's kernel headers, not Proxmox's.
+    return [apt_get, "install", "-y", "-q", "--no-install-recommends", "-o", "Dpkg::Options::=--force-confdef",
+            "-o", "Dpkg::Options::=--force-confold"] + list(names)
