@@ -104,7 +104,8 @@ def main():
     with open(OSRELEASE) as f:
         kernel = f.read().strip()
     names = debpkg.expand(module.params["name"], kernel)
-    _rc, out, _err = module.run_command(["dpkg-query", "-W", "-f", debpkg.DPKG_QUERY_FORMAT] + names)
+    # dpkg-query without names would list every package: nothing asked, nothing to query.
+    out = module.run_command(["dpkg-query", "-W", "-f", debpkg.DPKG_QUERY_FORMAT] + names)[1] if names else ""
     missing = debpkg.missing(names, debpkg.installed(out))
     result = dict(changed=False, missing=missing, would_install=[], kernel=kernel)
     if not missing:

@@ -96,3 +96,10 @@ def test_check_mode_never_refreshes_lists(tmp_path):
             run(apt, ["proxmox-default-headers"], check_mode=True, tmp_path=tmp_path)
     assert "check mode does not refresh" in e.value.result["msg"]
     assert [c[1] for c in apt.calls[1:]] == ["-s"]
+
+
+def test_no_names_queries_nothing(tmp_path):
+    apt = Apt([])
+    with pytest.raises(AnsibleExitJson) as e:
+        run(apt, [], tmp_path=tmp_path)
+    assert e.value.result["changed"] is False and apt.calls == []
