@@ -66,12 +66,22 @@ def _deb(workdir, outdir, name, version, files=None, links=None, depends=None, p
                    check=True, stdout=subprocess.DEVNULL)
 
 
+def header_files(rel):
+    """The files of proxmox-headers-<rel> that the installer and dkms look at (nvidia-installer kernel.c
+    needs include/linux/kernel.h and a version.h: tests/lab/nvidia/README.md)."""
+    src = "/usr/src/linux-headers-%s" % rel
+    major, minor = (int(x) for x in rel.split(".")[:2])
+    return {src + "/Makefile": "# kpro lab: headers of %s\nVERSION = %d\nPATCHLEVEL = %d\n" % (rel, major, minor),
+            src + "/include/linux/kernel.h": "/* kpro lab: headers of %s */\n" % rel,
+            src + "/include/generated/uapi/linux/version.h":
+                "#define LINUX_VERSION_CODE %d\n" % ((major << 16) + (minor << 8)),
+            src + "/include/generated/utsrelease.h": '#define UTS_RELEASE "%s"\n' % rel,
+            src + "/.config": "# kpro lab: the configuration of %s\nCONFIG_MODULES=y\nCONFIG_MODULE_SIG=y\n" % rel}
+
+
 def _headers(workdir, outdir, rel):
     src = "/usr/src/linux-headers-%s" % rel
-    files = {src + "/Makefile": "# kpro lab: headers of %s\nVERSION = %s\n" % (rel, rel.split(".")[0]),
-             src + "/include/generated/utsrelease.h": '#define UTS_RELEASE "%s"\n' % rel,
-             src + "/.config": "# kpro lab: the configuration of %s\nCONFIG_MODULES=y\nCONFIG_MODULE_SIG=y\n" % rel}
-    _deb(workdir, outdir, "proxmox-headers-" + rel, rel.rsplit("-", 1)[0], files=files,
+    _deb(workdir, outdir, "proxmox-headers-" + rel, rel.rsplit("-", 1)[0], files=header_files(rel),
          links={"/lib/modules/%s/build" % rel: src}, postinst=POSTINST % {"rel": rel})
 
 

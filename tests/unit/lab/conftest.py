@@ -16,8 +16,9 @@ RELEASE = "6.8.12-9-pve"
 NEW_RELEASE = "6.8.12-11-pve"
 UUIDS = ["GPU-5c1b9f2e-7d3a-4e61-9a0b-2f4c8d1e6a01", "GPU-8e2d4a6c-1b3f-4c5d-8e7f-9a0b1c2d3e02"]
 
-if LABLIB not in sys.path:
-    sys.path.insert(0, LABLIB)
+for _d in (LABLIB, LAB):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 
 
 def lablib(name):
@@ -101,10 +102,11 @@ class Root(object):
 
     def install_headers(self, release):
         """What the lab's proxmox-headers-<release> package does (tests/lab/aptrepo.py): files, link, state."""
-        src = self.p("/usr/src/linux-headers-%s" % release)
-        os.makedirs(src, exist_ok=True)
-        with open(os.path.join(src, "Makefile"), "w") as f:
-            f.write("# kpro lab: headers of %s\n" % release)
+        aptrepo = lablib("aptrepo")
+        for rel, text in aptrepo.header_files(release).items():
+            os.makedirs(os.path.dirname(self.p(rel)), exist_ok=True)
+            with open(self.p(rel), "w") as f:
+                f.write(text)
         os.makedirs(self.p("/lib/modules/%s" % release), exist_ok=True)
         os.symlink("/usr/src/linux-headers-%s" % release, self.p("/lib/modules/%s/build" % release))
         with self.modify() as st:

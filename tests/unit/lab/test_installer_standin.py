@@ -1,4 +1,7 @@
-"""The .run installer stand-in, dkms, nvidia-modprobe, apt-get wrapper and systemctl on a temp root."""
+"""The .run installer stand-in, dkms, nvidia-modprobe, apt-get wrapper and systemctl on a temp root.
+
+The installer runs on ``host``: a root with what the real installer needs (stock_host.py);
+its refusals are in test_installer_refusals.py."""
 
 import os
 import stat
@@ -8,12 +11,11 @@ import time
 import pytest
 
 from conftest import NEW_RELEASE, RELEASE, VERSION
+# host is a fixture, used by name
+from stock_host import HOST, USERSPACE, host, install, stock  # noqa: F401  pylint: disable=unused-import
 
 pytest.importorskip("pynvml")
 
-HOST = ["--silent", "--no-x-check", "--kernel-module-type=open", "--dkms", "--disable-nouveau", "--no-rebuild-initramfs",
-        "--kernel-name=%s" % RELEASE]
-USERSPACE = ["--silent", "--no-x-check", "--no-kernel-modules", "--no-dkms", "--no-nouveau-check"]
 NVML_SUMMARY = ("pynvml.nvmlInit()\nout['version'] = pynvml.nvmlSystemGetDriverVersion()\n"
                 "out['names'] = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) "
                 "for i in range(pynvml.nvmlDeviceGetCount())]\n")
@@ -41,69 +43,44 @@ def test_bad_kernel_module_type_refused(root):
     assert r.returncode == 1 and 'Invalid kernel module type "closed"' in r.stderr
 
 
-def test_version_and_info(root):
-    r = root.installer("--version")
+def test_version_and_info(host):
+    r = install(host, "--version")
     assert r.returncode == 0 and "nvidia-installer:  version %s" % VERSION in r.stdout
-    r = root.installer("--silent", "--driver-info")
+    r = install(host, "--silent", "--driver-info")
     assert "There is no NVIDIA driver currently installed." in r.stdout
 
 
-def test_no_headers_refused(root):
-    with root.modify() as st:
-        st["kernel"]["headers"] = []
-    r = root.installer(*HOST)
-    assert r.returncode == 1
-    assert "ERROR: Unable to find the kernel source tree for the currently running kernel." in r.stderr
-    assert "ERROR: Installation has failed." in r.stderr
-    assert "Unable to find the kernel source tree" in open(root.p("/var/log/nvidia-installer.log")).read()
-    st = root.state()
-    assert st["nvidia"]["installed"] is None and "nvidia" not in st["modules"]["loaded"]
-
-
-def test_nouveau_loaded_refused_and_disabled(root):
-    with root.modify() as st:
-        st["modules"]["loaded"].append("nouveau")
-    r = root.installer(*HOST)
-    assert r.returncode == 1
-    assert "ERROR: The Nouveau kernel driver is currently in use by your system." in r.stderr
-    conf = root.p("/etc/modprobe.d/nvidia-installer-disable-nouveau.conf")
-    assert "blacklist nouveau" in open(conf).read() and "options nouveau modeset=0" in open(conf).read()
-    os.unlink(conf)
-    r = root.installer(*[a for a in HOST if a != "--disable-nouveau"] + ["--no-disable-nouveau"])
-    assert r.returncode == 1 and not os.path.exists(conf)
-
-
-def test_gpus_held_by_vfio_module_does_not_load(root):
-    with root.modify() as st:
+def test_gpus_held_by_vfio_module_does_not_load(host):
+    with host.modify() as st:
         for bdf in ("0000:01:00.0", "0000:02:00.0"):
             st["pci"]["devices"][bdf]["driver"] = "vfio-pci"
-    r = root.installer(*HOST)
+    r = install(host, *HOST)
     assert r.returncode == 1 and "Unable to load the kernel module 'nvidia.ko'" in r.stderr
-    st = root.state()
+    st = host.state()
     assert st["nvidia"]["installed"] is None and not st["nvidia"].get("kernel_modules")
 
 
-def test_secure_boot_unsigned_refused_signed_ok(root, tmp_path):
-    with root.modify() as st:
+def test_secure_boot_unsigned_refused_signed_ok(host, tmp_path):
+    with host.modify() as st:
         st["kernel"]["secure_boot"] = True
-    r = root.installer(*HOST)
+    r = install(host, *HOST)
     assert r.returncode == 1 and "Secure boot is enabled on this system" in r.stderr
-    os.makedirs(root.p("/root"), exist_ok=True)
+    os.makedirs(host.p("/root"), exist_ok=True)
     for name in ("mok.key", "mok.der"):
-        with open(root.p("/root/" + name), "w") as f:
+        with open(host.p("/root/" + name), "w") as f:
             f.write("x")
-    r = root.installer(*HOST + ["--module-signing-secret-key=/root/mok.key", "--module-signing-public-key=/root/mok.der"])
+    r = install(host, *HOST + ["--module-signing-secret-key=/root/mok.key", "--module-signing-public-key=/root/mok.der"])
     assert r.returncode == 0, r.stderr
-    assert root.state()["nvidia"]["kernel_modules"][RELEASE]["signed"] is True
+    assert host.state()["nvidia"]["kernel_modules"][RELEASE]["signed"] is True
 
 
-def test_host_install_loads_driver_and_nvml_answers(root):
+def test_host_install_loads_driver_and_nvml_answers(host):
     if not os.path.exists("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"):  # no real driver on this machine
-        assert root.nvml("pynvml.nvmlInit()")["error"] == "NVMLError_LibraryNotFound"  # like a host without driver
-    r = root.installer(*HOST)
+        assert host.nvml("pynvml.nvmlInit()")["error"] == "NVMLError_LibraryNotFound"  # like a host without driver
+    r = install(host, *HOST)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "" and r.stderr == ""  # --silent
-    st = root.state()
+    st = host.state()
     assert st["nvidia"]["installed"] == {"version": VERSION, "kernel_module_type": "open", "dkms": True,
                                          "userspace_only": False}
     assert st["nvidia"]["kernel_modules"][RELEASE]["version"] == VERSION
@@ -113,55 +90,47 @@ def test_host_install_loads_driver_and_nvml_answers(root):
     assert devs["0000:01:00.0"]["driver"] == devs["0000:02:00.0"]["driver"] == "nvidia"
     assert devs["0000:01:00.1"]["driver"] == "snd_hda_intel"  # the HDMI audio stays
     # userspace as the real installer lays it out
-    lib = root.p("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
+    lib = host.p("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
     assert os.readlink(lib) == "libnvidia-ml.so." + VERSION
     for rel in ("/usr/bin/nvidia-smi", "/usr/bin/nvidia-persistenced", "/usr/bin/nvidia-modprobe",
                 "/usr/src/nvidia-%s/dkms.conf" % VERSION, "/lib/modules/%s/updates/dkms/nvidia.ko" % RELEASE,
                 "/usr/lib/firmware/nvidia/%s/gsp_ga10x.bin" % VERSION, "/var/lib/nvidia/log",
                 "/usr/share/doc/NVIDIA_GLX-1.0/samples/nvidia-persistenced-init.tar.bz2"):
-        assert os.path.exists(root.p(rel)), rel
+        assert os.path.exists(host.p(rel)), rel
     # device nodes: GPUs, ctl, modeset (installer) and uvm (nvidia-modprobe -u -c=0)
-    assert chr_node(root.p("/dev/nvidia0")) == (195, 0) and chr_node(root.p("/dev/nvidia1")) == (195, 1)
-    assert chr_node(root.p("/dev/nvidiactl")) == (195, 255) and chr_node(root.p("/dev/nvidia-modeset")) == (195, 254)
+    assert chr_node(host.p("/dev/nvidia0")) == (195, 0) and chr_node(host.p("/dev/nvidia1")) == (195, 1)
+    assert chr_node(host.p("/dev/nvidiactl")) == (195, 255) and chr_node(host.p("/dev/nvidia-modeset")) == (195, 254)
     # nvidia-uvm's major is dynamic: whatever the "kernel" registered in /proc/devices
-    uvm = root.state()["majors"]["nvidia-uvm"]
-    assert chr_node(root.p("/dev/nvidia-uvm")) == (uvm, 0) and chr_node(root.p("/dev/nvidia-uvm-tools")) == (uvm, 1)
+    uvm = host.state()["majors"]["nvidia-uvm"]
+    assert chr_node(host.p("/dev/nvidia-uvm")) == (uvm, 0) and chr_node(host.p("/dev/nvidia-uvm-tools")) == (uvm, 1)
     # NVML (real pynvml) and nvidia-smi answer
-    assert root.nvml(NVML_SUMMARY) == {"version": VERSION, "names": ["NVIDIA RTX A6000"] * 2}
-    r = root.run([sys.executable, root.p("/usr/bin/nvidia-smi"), "--query-gpu=driver_version", "--format=csv,noheader"])
+    assert host.nvml(NVML_SUMMARY) == {"version": VERSION, "names": ["NVIDIA RTX A6000"] * 2}
+    r = host.run([sys.executable, host.p("/usr/bin/nvidia-smi"), "--query-gpu=driver_version", "--format=csv,noheader"])
     assert r.stdout.split() == [VERSION, VERSION]
     # dkms status as the collection parses it
-    r = root.tool("/usr/sbin/dkms", "status", "-m", "nvidia")
+    r = host.tool("/usr/sbin/dkms", "status", "-m", "nvidia")
     assert r.stdout.strip() == "nvidia/%s, %s, x86_64: installed" % (VERSION, RELEASE)
-    log = open(root.p("/var/log/nvidia-installer.log")).read()
+    log = open(host.p("/var/log/nvidia-installer.log")).read()
     assert "installer version: %s" % VERSION in log and "--dkms" in log
 
 
-def test_reinstall_same_version_reinstalls(root):
-    assert root.installer(*HOST).returncode == 0
-    r = root.installer(*HOST)
+def test_reinstall_same_version_reinstalls(host):
+    assert install(host, *HOST).returncode == 0
+    r = install(host, *HOST)
     assert r.returncode == 0, r.stderr
-    assert "Uninstalling the previous NVIDIA driver installation" in open(root.p("/var/log/nvidia-installer.log")).read()
-    assert root.nvml(NVML_SUMMARY)["version"] == VERSION
+    assert "Uninstalling the previous NVIDIA driver installation" in open(host.p("/var/log/nvidia-installer.log")).read()
+    assert host.nvml(NVML_SUMMARY)["version"] == VERSION
 
 
-def test_install_refused_while_gpu_in_use(root):
-    assert root.installer(*HOST).returncode == 0
-    with root.modify() as st:
-        st["gpus"][0]["processes"] = [{"pid": 4242, "name": "python3", "used_mib": 1000}]
-    r = root.installer(*HOST)
-    assert r.returncode == 1 and "appears to already be loaded in your kernel" in r.stderr
-
-
-def test_no_kernel_modules_installs_userspace_only(root):
-    r = root.installer(*USERSPACE)
+def test_no_kernel_modules_installs_userspace_only(host):
+    r = install(host, *USERSPACE)
     assert r.returncode == 0, r.stderr
-    st = root.state()
+    st = host.state()
     assert st["nvidia"]["installed"]["userspace_only"] is True
     assert "nvidia" not in st["modules"]["loaded"] and not st["nvidia"].get("kernel_modules")
-    assert os.path.exists(root.p("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.%s" % VERSION))
-    assert not os.path.exists(root.p("/usr/src/nvidia-%s" % VERSION)) and not os.path.exists(root.p("/dev/nvidia0"))
-    assert root.nvml("pynvml.nvmlInit()")["error"] == "NVMLError_DriverNotLoaded"
+    assert os.path.exists(host.p("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.%s" % VERSION))
+    assert not os.path.exists(host.p("/usr/src/nvidia-%s" % VERSION)) and not os.path.exists(host.p("/dev/nvidia0"))
+    assert host.nvml("pynvml.nvmlInit()")["error"] == "NVMLError_DriverNotLoaded"
 
 
 def test_no_kernel_modules_without_lab_state(tmp_path, nvbuild):
@@ -170,76 +139,76 @@ def test_no_kernel_modules_without_lab_state(tmp_path, nvbuild):
     ct = Root(tmp_path / "ct", nvbuild)
     for name in os.listdir(ct.p("/usr/lib/kpro-lab")):
         os.unlink(os.path.join(ct.p("/usr/lib/kpro-lab"), name))
-    r = ct.installer(*USERSPACE)
+    r = install(stock(ct), *USERSPACE)
     assert r.returncode == 0, r.stderr
     assert os.path.exists(ct.p("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.%s" % VERSION))
     assert os.path.exists(ct.p("/usr/bin/nvidia-smi"))
-    r = ct.installer(*HOST)
+    r = install(ct, *HOST)
     assert r.returncode == 1 and "host mode needs the lab kernel" in r.stderr
 
 
-def test_container_userspace_mismatch(root, nvbuild):
-    assert root.installer(*HOST).returncode == 0
-    r = root.installer(*USERSPACE, run=nvbuild["run_other"])  # 580.159 userspace over a 580.126.09 module
+def test_container_userspace_mismatch(host, nvbuild):
+    assert install(host, *HOST).returncode == 0
+    r = install(host, *USERSPACE, run=nvbuild["run_other"])  # 580.159 userspace over a 580.126.09 module
     assert r.returncode == 0, r.stderr
-    assert root.nvml("pynvml.nvmlInit()")["error"] == "NVMLError_LibRmVersionMismatch"
-    r = root.run([sys.executable, root.p("/usr/bin/nvidia-smi")])
+    assert host.nvml("pynvml.nvmlInit()")["error"] == "NVMLError_LibRmVersionMismatch"
+    r = host.run([sys.executable, host.p("/usr/bin/nvidia-smi")])
     assert r.returncode == 18 and "NVML library version: 580.159" in r.stdout
 
 
-def test_uninstall_reverses(root):
-    assert root.installer(*HOST).returncode == 0
-    r = root.installer("--uninstall", "--silent")
+def test_uninstall_reverses(host):
+    assert install(host, *HOST).returncode == 0
+    r = install(host, "--uninstall", "--silent")
     assert r.returncode == 0, r.stderr
-    st = root.state()
+    st = host.state()
     assert st["nvidia"]["installed"] is None and "nvidia" not in st["modules"]["loaded"]
     assert not st["nvidia"]["kernel_modules"]
     assert st["pci"]["devices"]["0000:01:00.0"]["driver"] is None
     for rel in ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "/usr/bin/nvidia-smi", "/var/lib/nvidia/log",
                 "/usr/src/nvidia-%s" % VERSION, "/var/lib/dkms/nvidia", "/dev/nvidia0"):
-        assert not os.path.lexists(root.p(rel)), rel
-    assert root.installer("--uninstall", "--silent").returncode == 1
+        assert not os.path.lexists(host.p(rel)), rel
+    assert install(host, "--uninstall", "--silent").returncode == 1
 
 
-def test_dkms_autoinstall_after_kernel_change(root):
-    assert root.installer(*HOST).returncode == 0
-    with root.modify() as st:  # host rebuilt / upgraded: boots the new kernel, module not built for it
+def test_dkms_autoinstall_after_kernel_change(host):
+    assert install(host, *HOST).returncode == 0
+    with host.modify() as st:  # host rebuilt / upgraded: boots the new kernel, module not built for it
         st["kernel"]["release"] = NEW_RELEASE
         st["modules"]["loaded"] = ["snd_hda_intel"]
         for bdf in ("0000:01:00.0", "0000:02:00.0"):
             st["pci"]["devices"][bdf]["driver"] = None
-    r = root.tool("/usr/sbin/dkms", "autoinstall")
+    r = host.tool("/usr/sbin/dkms", "autoinstall")
     assert r.returncode == 1 and "Your kernel headers for kernel %s cannot be found" % NEW_RELEASE in r.stderr
     # the lab mirror has the headers for the new kernel
-    root.install_headers(NEW_RELEASE)
-    assert os.readlink(root.p("/lib/modules/%s/build" % NEW_RELEASE)) == "/usr/src/linux-headers-" + NEW_RELEASE
-    r = root.tool("/usr/sbin/dkms", "autoinstall")
+    host.install_headers(NEW_RELEASE)
+    assert os.readlink(host.p("/lib/modules/%s/build" % NEW_RELEASE)) == "/usr/src/linux-headers-" + NEW_RELEASE
+    r = host.tool("/usr/sbin/dkms", "autoinstall")
     assert r.returncode == 0, r.stderr
-    r = root.tool("/usr/sbin/dkms", "status", "-m", "nvidia")
+    r = host.tool("/usr/sbin/dkms", "status", "-m", "nvidia")
     assert sorted(r.stdout.strip().splitlines()) == sorted([
         "nvidia/%s, %s, x86_64: installed" % (VERSION, RELEASE),
         "nvidia/%s, %s, x86_64: installed" % (VERSION, NEW_RELEASE)])
-    st = root.state()
+    st = host.state()
     assert st["nvidia"]["kernel_modules"][NEW_RELEASE]["version"] == VERSION
     assert "nvidia" in st["modules"]["available"][NEW_RELEASE]
-    r = root.tool("/usr/sbin/dkms", "install", "-m", "nvidia", "-v", VERSION, "-k", NEW_RELEASE)
+    r = host.tool("/usr/sbin/dkms", "install", "-m", "nvidia", "-v", VERSION, "-k", NEW_RELEASE)
     assert r.returncode == 0 and "already installed" in r.stdout
-    r = root.run([root.p("/usr/sbin/dkms"), "--version"])  # executable through its sh/python3 header
+    r = host.run([host.p("/usr/sbin/dkms"), "--version"])  # executable through its sh/python3 header
     assert r.returncode == 0 and r.stdout.strip() == "dkms-3.0.10"
 
 
-def test_nvidia_modprobe_caps_and_no_driver(root):
-    root.installer(*USERSPACE)
-    r = root.tool("/usr/bin/nvidia-modprobe", "-u", "-c=0")
+def test_nvidia_modprobe_caps_and_no_driver(host):
+    install(host, *USERSPACE)
+    r = host.tool("/usr/bin/nvidia-modprobe", "-u", "-c=0")
     # userspace only: no nvidia module is built for the kernel, so nothing can be loaded or created
-    assert r.returncode == 1 and not os.path.exists(root.p("/dev/nvidia-uvm"))
-    assert root.installer(*HOST).returncode == 0
-    r = root.tool("/usr/bin/nvidia-modprobe", "-f", "/proc/driver/nvidia/capabilities/mig/config",
+    assert r.returncode == 1 and not os.path.exists(host.p("/dev/nvidia-uvm"))
+    assert install(host, *HOST).returncode == 0
+    r = host.tool("/usr/bin/nvidia-modprobe", "-f", "/proc/driver/nvidia/capabilities/mig/config",
                   "-f", "/proc/driver/nvidia/capabilities/mig/monitor")
     assert r.returncode == 0, r.stderr
-    caps = root.state()["majors"]["nvidia-caps"]
-    assert chr_node(root.p("/dev/nvidia-caps/nvidia-cap1")) == (caps, 1)
-    assert chr_node(root.p("/dev/nvidia-caps/nvidia-cap2")) == (caps, 2)
+    caps = host.state()["majors"]["nvidia-caps"]
+    assert chr_node(host.p("/dev/nvidia-caps/nvidia-cap1")) == (caps, 1)
+    assert chr_node(host.p("/dev/nvidia-caps/nvidia-cap2")) == (caps, 2)
 
 
 # --- systemctl ---------------------------------------------------------------------------
@@ -306,26 +275,26 @@ def test_systemctl_failing_oneshot(root):
     assert root.tool("/usr/bin/systemctl", "is-enabled", "kp-bad.service").stdout.strip() == "static"
 
 
-def test_persistenced_under_systemctl(root):
-    assert root.installer(*HOST).returncode == 0
-    unit(root, "nvidia-persistenced.service", "[Unit]\nDescription=NVIDIA Persistence Daemon\n[Service]\nType=forking\n"
-         "ExecStart=%s %s --user root --persistence-mode\nExecStopPost=/bin/rm -rf %s\n[Install]\n"
-         "WantedBy=multi-user.target\n" % (sys.executable, root.p("/usr/bin/nvidia-persistenced"),
-                                           root.p("/var/run/nvidia-persistenced")))
+def test_persistenced_under_systemctl(host):
+    assert install(host, *HOST).returncode == 0
+    unit(host, "nvidia-persistenced.service", "[Unit]\nDescription=NVIDIA Persistence Daemon\n[Service]\nType=forking\n"
+         "ExecStart=%s %s --user host --persistence-mode\nExecStopPost=/bin/rm -rf %s\n[Install]\n"
+         "WantedBy=multi-user.target\n" % (sys.executable, host.p("/usr/bin/nvidia-persistenced"),
+                                           host.p("/var/run/nvidia-persistenced")))
     sc = "/usr/bin/systemctl"
     pm = "pynvml.nvmlInit()\nout['pm'] = pynvml.nvmlDeviceGetPersistenceMode(pynvml.nvmlDeviceGetHandleByIndex(0))\n"
-    assert root.nvml(pm) == {"pm": 0}
+    assert host.nvml(pm) == {"pm": 0}
     try:
-        r = root.tool(sc, "start", "nvidia-persistenced.service")
+        r = host.tool(sc, "start", "nvidia-persistenced.service")
         assert r.returncode == 0, r.stderr
-        assert root.tool(sc, "is-active", "nvidia-persistenced.service").stdout.strip() == "active"
-        pid = root.state()["nvidia"]["persistenced"]["pid"]
-        assert int(root.tool(sc, "show", "-p", "MainPID", "--value", "nvidia-persistenced.service").stdout) == pid
-        assert root.nvml(pm) == {"pm": 1}
-        r = root.installer(*HOST)  # the daemon holds the GPUs: the module cannot be replaced
+        assert host.tool(sc, "is-active", "nvidia-persistenced.service").stdout.strip() == "active"
+        pid = host.state()["nvidia"]["persistenced"]["pid"]
+        assert int(host.tool(sc, "show", "-p", "MainPID", "--value", "nvidia-persistenced.service").stdout) == pid
+        assert host.nvml(pm) == {"pm": 1}
+        r = install(host, *HOST)  # the daemon holds the GPUs: the module cannot be replaced
         assert r.returncode == 1 and "NVIDIA Persistence Daemon" in r.stderr
     finally:
-        assert root.tool(sc, "stop", "nvidia-persistenced.service").returncode == 0
-    assert root.state()["nvidia"]["persistenced"] is None
-    assert root.nvml(pm) == {"pm": 0}
-    assert root.tool(sc, "is-active", "nvidia-persistenced.service").stdout.strip() == "inactive"
+        assert host.tool(sc, "stop", "nvidia-persistenced.service").returncode == 0
+    assert host.state()["nvidia"]["persistenced"] is None
+    assert host.nvml(pm) == {"pm": 0}
+    assert host.tool(sc, "is-active", "nvidia-persistenced.service").stdout.strip() == "inactive"
