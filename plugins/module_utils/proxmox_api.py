@@ -3,34 +3,42 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Proxmox VE API sessions through proxmoxer, and container power with task waits.
 
+* Works with the proxmoxer that a Proxmox VE 8 host has from Debian 12 (python3-proxmoxer 1.2.0-2) and with 2.x;
+  the differences, with their places in 1.2.0's source, are handled where noted ("1.2.0 <file>:<line>" below
+  means /usr/lib/python3/dist-packages/proxmoxer/<file> of that package, which is PyPI's 1.2.0 byte for byte).
 * Every backend gets an explicit ``timeout`` (proxmoxer's default is 5 s, too short for a
-  busy node or ``pvesh``).
+  busy node or ``pvesh``), and every HTTPS request really has it (``_harden_https``).
 * HTTPS verifies the certificate by default (``ca_path`` for a private CA);
   ``ssh_paramiko`` checks the host key against ``known_hosts`` (proxmoxer itself would
   accept any key with AutoAddPolicy).
+* ``local`` and ``ssh_paramiko`` run ``pvesh`` through our own small session (``CliSession``) on every
+  proxmoxer version: 1.2.0 has no ``local`` backend and misreads pvesh's output (see CliSession).
 * Tasks are waited on by UPID with our own deadline (``wait_task``), not proxmoxer's
-  ``Tasks.blocking_status`` (which returns ``None`` on timeout).
+  ``Tasks.blocking_status`` (which returns ``None`` on timeout, and which 1.x does not have).
 * ``devN`` keys may only be changed by ``root@pam``; an API token is a different user to
   PVE (``root@pam!name``) and is refused before anything is sent (``set_devn``).
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
 import re
+import shlex
 import socket
+import subprocess
+import sys
 import time
 
 PROXMOXER_IMPORT_ERROR = None
 try:
     from proxmoxer import ProxmoxAPI
-    from proxmoxer.core import ResourceException
+    from proxmoxer.core import ProxmoxResource, ResourceException
     HAS_PROXMOXER = True
 except ImportError as _e:  # pragma: no cover - depends on the target
     HAS_PROXMOXER = False
     PROXMOXER_IMPORT_ERROR = _e
-    ProxmoxAPI = None
+    ProxmoxAPI = ProxmoxResource = None
 
     class ResourceException(Exception):  # type: ignore[no-redef]
         status_code = None
@@ -38,7 +46,8 @@ except ImportError as _e:  # pragma: no cover - depends on the target
         content = None
         errors = None
 
-
+# What a Proxmox VE host installs (Debian 12 bookworm: python3-proxmoxer 1.2.0-2, python3-requests 2.28.1).
+APT_FIX = "apt-get install python3-proxmoxer python3-requests"
 DEVN_TOKEN_REFUSED = (
     "devN can only be changed by root@pam; an API token ({who}) is refused by PVE "
     "(pve-container check_ct_modify_config_perm: 'configuring device passthrough is only allowed for root@pam'). "
@@ -113,99 +122,250 @@ def split_token_id(user, token_id):
     return user, token_id
 
 
-def _check_known_hosts(params):
-    known = params.get("ssh_known_hosts") or os.path.expanduser("~/.ssh/known_hosts")
-    return known
+def proxmoxer_problem(backend="https", token=False):
+    """None when this Python can reach PVE through ``backend``, else the cause and the fix, for the module to say.
+
+    Checked before connecting because proxmoxer's backends call sys.exit(1) when requests or paramiko is
+    missing (1.2.0 backends/https.py:26 and ssh_paramiko.py:14; 2.3.0 https.py:32 and ssh_paramiko.py:25), which
+    ends the module with no result at all."""
+    where = "on the target (%s, Python %d.%d)" % (sys.executable, sys.version_info[0], sys.version_info[1])
+    if not HAS_PROXMOXER:
+        return ("the proxmoxer Python library is missing or unusable %s: %s. Install it with `%s` (Debian 12's "
+                "proxmoxer 1.2.0 is supported, as is 2.x)" % (where, PROXMOXER_IMPORT_ERROR, APT_FIX))
+    if backend == "https":
+        try:
+            import requests  # noqa: F401  pylint: disable=unused-import
+        except ImportError as e:
+            return "python3-requests is missing %s (%s); proxmoxer's https backend needs it: `%s`" % (where, e, APT_FIX)
+        from proxmoxer.backends import https as https_backend
+        if token and not hasattr(https_backend, "ProxmoxHTTPApiTokenAuth"):  # API tokens came with proxmoxer 1.1
+            return ("the proxmoxer %s is too old for API tokens: install 1.2.0 or later (`%s`), or use api_password"
+                    % (where, APT_FIX))
+    elif backend == "ssh_paramiko":
+        try:
+            import paramiko  # noqa: F401  pylint: disable=unused-import
+        except ImportError as e:
+            return ("python3-paramiko is missing %s (%s); api_backend=ssh_paramiko needs it: `apt-get install "
+                    "python3-paramiko`, or use api_backend=local on the node" % (where, e))
+    return None
 
 
-@contextlib.contextmanager
-def _strict_host_keys(known_hosts):
-    """proxmoxer's ssh_paramiko session uses AutoAddPolicy; connect with known_hosts and RejectPolicy instead."""
-    from proxmoxer.backends import ssh_paramiko as spmod
-    import paramiko
+def connect(params, api_factory=None, cli_runner=None):
+    """Build a Session from module params (see api_argument_spec).
 
-    base = spmod.SshParamikoSession
-
-    class StrictSession(base):
-        def _connect(self):
-            client = paramiko.SSHClient()
-            if not os.path.exists(known_hosts):
-                raise ProxmoxApiError(
-                    "ssh host key checking is on but %s does not exist: add the node's key (ssh-keyscan -H <host> >> %s, "
-                    "after checking its fingerprint) or set ssh_known_hosts" % (known_hosts, known_hosts))
-            client.load_host_keys(known_hosts)
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
-            key_filename = os.path.expanduser(self.private_key_file) if self.private_key_file else None
-            try:
-                client.connect(self.host, username=self.user, allow_agent=(not self.password), look_for_keys=True,
-                               key_filename=key_filename, password=self.password, timeout=self.timeout, port=self.port)
-            except paramiko.SSHException as e:
-                if "not found in known_hosts" in str(e):
-                    raise ProxmoxApiError(
-                        "the ssh host key of %s is not in %s: add it (ssh-keyscan after checking the fingerprint) "
-                        "or point ssh_known_hosts at the right file" % (self.host, known_hosts))
-                raise
-            return client
-
-    spmod.SshParamikoSession = StrictSession
-    try:
-        yield
-    finally:
-        spmod.SshParamikoSession = base
-
-
-def connect(params, api_factory=None):
-    """Build a Session from module params (see api_argument_spec). ``api_factory`` replaces ProxmoxAPI in tests."""
-    factory = api_factory or ProxmoxAPI
-    if factory is None:
-        raise ProxmoxApiError("the proxmoxer Python library is missing on the target: pip install proxmoxer")
+    Tests replace ProxmoxAPI (https) with ``api_factory`` and the pvesh runner (local, ssh_paramiko) with
+    ``cli_runner``, a callable argv -> (stdout, stderr, exit status)."""
     backend = params.get("api_backend") or "https"
     timeout = int(params.get("api_timeout") or 30)
-    user = params.get("api_user") or "root@pam"
     host = params.get("api_host")
+    if api_factory is None and cli_runner is None:
+        problem = proxmoxer_problem(backend, token=bool(params.get("api_token_id")))
+        if problem:
+            raise ProxmoxApiError(problem)
     try:
-        if backend == "local":
-            api = factory(backend="local", timeout=timeout)
-            return Session(api, backend, "root@pam", timeout=timeout)
-        if not host:
+        if backend != "local" and not host:
             raise ProxmoxApiError("api_host is required for api_backend=%s (the node's address)" % backend)
-        if backend == "ssh_paramiko":
-            kwargs = dict(backend="ssh_paramiko", user=params.get("ssh_user") or "root", port=params.get("ssh_port") or 22,
-                          timeout=timeout)
-            if params.get("ssh_private_key_file"):
-                kwargs["private_key_file"] = params["ssh_private_key_file"]
-            if params.get("api_password"):
-                kwargs["password"] = params["api_password"]
-            if params.get("ssh_host_key_checking", True) and api_factory is None:
-                with _strict_host_keys(_check_known_hosts(params)):
-                    api = factory(host, **kwargs)
-            else:
-                api = factory(host, **kwargs)
-            return Session(api, backend, "root@pam", timeout=timeout, host=host)
-        # https
-        verify = True
-        if not params.get("validate_certs", True):
-            verify = False
-        elif params.get("ca_path"):
-            verify = params["ca_path"]
-        tuser, tname = split_token_id(user, params.get("api_token_id"))
-        kwargs = dict(backend="https", port=params.get("api_port") or 8006, verify_ssl=verify, timeout=timeout)
-        if tname:
-            if not params.get("api_token_secret"):
-                raise ProxmoxApiError("api_token_id is set but api_token_secret is not")
-            kwargs.update(user=tuser, token_name=tname, token_value=params["api_token_secret"])
-        elif params.get("api_password"):
-            kwargs.update(user=user, password=params["api_password"])
-        else:
-            raise ProxmoxApiError("no credentials for api_backend=https: set api_token_id + api_token_secret, or api_password "
-                                  "(or use api_backend=ssh_paramiko/local)")
-        api = factory(host, **kwargs)
-        return Session(api, backend, tuser if tname else user, token_id=tname, timeout=timeout, host=host)
+        if backend == "https":
+            return _connect_https(params, api_factory or ProxmoxAPI, host, timeout)
+        run = cli_runner
+        if run is None and backend == "local":
+            run = _local_runner(timeout)
+        elif run is None:
+            run = _ssh_runner(_ssh_client(params, host, timeout), timeout)
+        api = ProxmoxResource(base_url="", session=CliSession(run), serializer=CliSerializer())
+        return Session(api, backend, "root@pam", timeout=timeout, host=host if backend != "local" else None)
     except ProxmoxApiError:
         raise
     except Exception as e:
         raise ProxmoxApiError(describe_error(e, "connecting to the PVE API (%s backend%s)" % (
             backend, ", %s" % host if host else "")))
+
+
+def _connect_https(params, factory, host, timeout):
+    verify = True
+    if not params.get("validate_certs", True):
+        verify = False
+    elif params.get("ca_path"):
+        verify = params["ca_path"]  # a CA bundle path: requests' verify=, in 1.2.0 (https.py:250) and 2.x
+    user = params.get("api_user") or "root@pam"
+    tuser, tname = split_token_id(user, params.get("api_token_id"))
+    kwargs = dict(backend="https", port=params.get("api_port") or 8006, verify_ssl=verify, timeout=timeout)
+    if tname:
+        if not params.get("api_token_secret"):
+            raise ProxmoxApiError("api_token_id is set but api_token_secret is not")
+        kwargs.update(user=tuser, token_name=tname, token_value=params["api_token_secret"])
+    elif params.get("api_password"):
+        kwargs.update(user=user, password=params["api_password"])
+    else:
+        raise ProxmoxApiError("no credentials for api_backend=https: set api_token_id + api_token_secret, or api_password "
+                              "(or use api_backend=ssh_paramiko/local)")
+    try:
+        api = factory(host, **kwargs)
+    except ValueError:
+        if host.count(":") > 1:  # 1.2.0 backends/https.py:222: host, port = host.split(':')
+            raise ProxmoxApiError("api_host %s is an IPv6 address, which this proxmoxer cannot parse (1.x splits the "
+                                  "host at ':'): use the node's name, or proxmoxer 2.x" % host)
+        raise
+    _harden_https(api, timeout)
+    return Session(api, "https", tuser if tname else user, token_id=tname, timeout=timeout, host=host)
+
+
+def _harden_https(api, timeout):
+    """Give every request the timeout and keep PVE's per-parameter errors, on any proxmoxer.
+
+    1.2.0 sends API calls with no timeout at all: core.py:100 passes none, https.py:163 defaults it to None and
+    get_session (https.py:248) sets none, so a stalled pveproxy hangs the module (2.3.0 https.py:206-207 takes
+    the backend's). 1.2.0 also reads an error's "errors" from the serializer's ``data`` (core.py:110 with
+    https.py:155), which PVE sets to null, so "dev1: invalid format" is lost (2.x has loads_errors)."""
+    store = getattr(api, "_store", None)
+    if not isinstance(store, dict) or "session" not in store:  # a test double
+        return
+    send = store["session"].request
+
+    def request(method, url, *args, **kwargs):
+        if not args and kwargs.get("timeout") is None:
+            kwargs["timeout"] = timeout
+        return send(method, url, *args, **kwargs)
+    store["session"].request = request
+    if not hasattr(store["serializer"], "loads_errors"):
+        store["serializer"] = _ErrorsSerializer(store["serializer"])
+
+
+class _ErrorsSerializer(object):
+    """1.x's JsonSerializer, except that an error response gives ``{"errors": <the body's errors>}``, which is
+    what 1.2.0 core.py:110 looks up."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def loads(self, response):
+        if getattr(response, "status_code", 200) < 400:
+            return self._inner.loads(response)
+        try:
+            body = json.loads(response.content.decode("utf-8"))
+        except (AttributeError, UnicodeDecodeError, ValueError):
+            return {}
+        return {"errors": body.get("errors")} if isinstance(body, dict) else {}
+
+
+# --------------------------------------------------------------------------- pvesh (local, ssh_paramiko)
+
+
+class CliResponse(object):
+    """What proxmoxer's core reads from a response. Without ``reason`` an error's content is ``text``
+    (1.2.0 core.py:112-118, 2.3.0 core.py:157-165)."""
+
+    headers = {"content-type": "application/json"}
+
+    def __init__(self, status_code, content, exit_code):
+        self.status_code = status_code
+        self.content = self.text = content
+        self.exit_code = exit_code
+
+
+class CliSession(object):
+    """``pvesh get|create|set|delete <path> -<key> <value>... --output-format json`` through ``run(argv)``.
+
+    Ours on every proxmoxer version: 1.2.0 has no local backend (core.py:37 lists https, openssh, ssh_paramiko;
+    core.py:142 needs a host), and its ssh session joins ``-key 'value'`` into a shell string without escaping
+    (base_ssh.py:49-52) and takes any stderr for a failure (base_ssh.py:56-60), while pvesh writes warnings and
+    a failed task's error there and exits 0. The exit status decides here; an error's HTTP code is the
+    ``NNN message`` line pvesh prints (PVE::Exception), else 500."""
+
+    VERBS = {"get": "get", "post": "create", "put": "set", "delete": "delete"}
+
+    def __init__(self, run):
+        self.run = run
+
+    def request(self, method, url, data=None, params=None, headers=None):
+        argv = ["pvesh", self.VERBS[method.lower()], url.strip()]
+        for key, value in list((data or {}).items()) + list((params or {}).items()):
+            if value is not None:
+                argv += ["-" + key, _cli_value(value)]
+        out, err, rc = self.run(argv + ["--output-format", "json"])
+        if rc == 0:
+            return CliResponse(200, out, rc)
+        m = re.search(r"^(\d\d\d) [A-Za-z]", err, re.M)
+        return CliResponse(int(m.group(1)) if m else 500, (err or out).strip(), rc)
+
+
+def _cli_value(value):
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return str(value)
+
+
+class CliSerializer(object):
+    """The last JSON document on pvesh's stdout: a worker runs in the foreground under pvesh and its log comes
+    first (PVE bug 4333), which 1.2.0's parse of the whole output (base_ssh.py:73-75) turns into
+    ``{"errors": ...}`` instead of the UPID. No output (``pvesh set``) is None, as HTTPS's ``data: null``."""
+
+    def loads(self, response):
+        lines = (response.content or "").strip().splitlines()
+        for i in range(len(lines)):
+            try:
+                return json.loads("\n".join(lines[i:]))
+            except ValueError:
+                continue
+        return {"errors": response.content} if lines else None
+
+
+def _local_runner(timeout):
+    def run(argv):
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, check=False)
+        return p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace"), p.returncode
+    return run
+
+
+def _ssh_runner(client, timeout):
+    def run(argv):
+        chan = client.get_transport().open_session()
+        chan.settimeout(timeout)
+        chan.exec_command(" ".join(shlex.quote(a) for a in argv))
+        out = chan.makefile("rb", -1).read()
+        err = chan.makefile_stderr("rb", -1).read()
+        return out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), chan.recv_exit_status()
+    return run
+
+
+def _ssh_client(params, host, timeout):
+    """paramiko to the node, checking its key against known_hosts unless ssh_host_key_checking is off.
+
+    Not proxmoxer's session: its class and attributes differ by version (1.2.0 ssh_paramiko.py:17
+    ProxmoxParamikoSession with .username, 2.3.0 ssh_paramiko.py:28 SshParamikoSession with .user) and both
+    accept any host key (AutoAddPolicy, 1.2.0 ssh_paramiko.py:38, 2.3.0 ssh_paramiko.py:41)."""
+    import paramiko
+    client = paramiko.SSHClient()
+    known = params.get("ssh_known_hosts") or os.path.expanduser("~/.ssh/known_hosts")
+    if params.get("ssh_host_key_checking", True):
+        if not os.path.exists(known):
+            raise ProxmoxApiError(
+                "ssh host key checking is on but %s does not exist: add the node's key (ssh-keyscan -H <host> >> %s, "
+                "after checking its fingerprint) or set ssh_known_hosts" % (known, known))
+        client.load_host_keys(known)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    else:
+        client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+    key, password = params.get("ssh_private_key_file"), params.get("api_password")
+    try:
+        client.connect(host, port=int(params.get("ssh_port") or 22), username=params.get("ssh_user") or "root",
+                       password=password, key_filename=os.path.expanduser(key) if key else None,
+                       allow_agent=not password, look_for_keys=True, timeout=timeout)
+    except paramiko.BadHostKeyException as e:
+        raise ProxmoxApiError("the ssh host key of %s does not match the one in %s (%s): check the node's fingerprint"
+                              % (host, known, e))
+    except paramiko.SSHException as e:
+        if "not found in known_hosts" in str(e):
+            raise ProxmoxApiError(
+                "the ssh host key of %s is not in %s: add it (ssh-keyscan after checking the fingerprint) "
+                "or point ssh_known_hosts at the right file" % (host, known))
+        raise
+    return client
 
 
 def describe_error(exc, what="calling the PVE API"):
@@ -239,6 +399,8 @@ def describe_error(exc, what="calling the PVE API"):
         hint = "check the credentials"
     elif "connection refused" in low or "max retries" in low or "name or service not known" in low:
         hint = "check api_host/api_port and that pveproxy runs on the node"
+    elif "no such file or directory" in low and "pvesh" in low:
+        hint = "api_backend=local runs pvesh, which only a PVE node has: run the module there, or use api_backend=https"
     msg = "%s failed: %s" % (what, text)
     if hint:
         msg += " (%s)" % hint
@@ -327,6 +489,8 @@ def ct_status(session, node, vmid):
 def _power(session, node, vmid, action, task_timeout, **data):
     res = ct(session, node, vmid).status
     upid = _call("%s CT %s" % (action, vmid), getattr(res, action).post, **data)
+    if not upid_node(upid if isinstance(upid, str) else None):
+        raise ProxmoxApiError("%s CT %s returned %r instead of a task ID (UPID:<node>:...)" % (action, vmid, upid))
     return wait_task(session.api, node, upid, task_timeout)
 
 

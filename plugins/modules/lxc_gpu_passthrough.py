@@ -39,8 +39,10 @@ description:
 author:
   - kpro.gpu_serving contributors (!UNKNOWN)
 requirements:
-  - proxmoxer >= 2.0 on the target, only for O(restart=true) or O(writer=api)
-  - requests (O(api_backend=https)) or paramiko (O(api_backend=ssh_paramiko)), as proxmoxer needs
+  - proxmoxer 1.2.0 or later on the target (Proxmox VE 8 / Debian 12 C(python3-proxmoxer) is 1.2.0; 2.x works too),
+    only for O(restart=true), O(ensure_running=true) or O(writer=api)
+  - requests for O(api_backend=https) (C(apt-get install python3-proxmoxer python3-requests) on the host),
+    paramiko for O(api_backend=ssh_paramiko) (C(python3-paramiko)); O(api_backend=local) runs C(pvesh) on the node
 options:
   vmid:
     description: The container's ID.
@@ -155,7 +157,7 @@ options:
     type: int
     default: 60
   api_backend:
-    description: proxmoxer backend. C(ssh_paramiko) and C(local) run C(pvesh) as root@pam on the node.
+    description: How to reach the PVE API. C(https) through proxmoxer; C(ssh_paramiko) and C(local) run C(pvesh) as root@pam on the node.
     type: str
     choices: [https, ssh_paramiko, local]
     default: https
@@ -338,7 +340,7 @@ import ast
 import re
 import shutil
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config as lc
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
@@ -481,8 +483,10 @@ def run(module, p, vmid, result, warnings):
                 "%s needs a PVE API connection: set api_host with api_token_id/api_token_secret or api_password, "
                 "or api_backend=local on the node"
                 % ("writer=api" if writer == "api" else "restart=true" if p["restart"] else "ensure_running=true"))
-        if not pa.HAS_PROXMOXER:
-            module.fail_json(msg=missing_required_lib("proxmoxer"), exception=str(pa.PROXMOXER_IMPORT_ERROR), **result)
+        # proxmoxer (and requests/paramiko) must be importable here; the message names the apt packages
+        problem = pa.proxmoxer_problem(p["api_backend"], token=bool(p.get("api_token_id")))
+        if problem:
+            raise pa.ProxmoxApiError(problem)
     if writer == "pct" and not module.get_bin_path("pct"):
         raise lc.LxcConfigError("writer=pct but there is no pct command here: run on the PVE node, or use writer=file/api")
 

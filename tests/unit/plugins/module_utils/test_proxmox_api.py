@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
@@ -112,6 +114,33 @@ def test_connect_https_token_passes_timeout_and_verify():
     assert s.is_token and s.authuser == "root@pam!ansible"
 
 
+def test_https_requests_get_the_timeout_and_pve_errors():
+    """What _harden_https adds to a proxmoxer 1.x-like API: the timeout on each request, the body's errors."""
+    class Resp(object):
+        status_code = 400
+        content = b'{"data":null,"errors":{"dev1":"invalid format"}}'
+    sent = []
+
+    class HttpSession(object):
+        def request(self, method, url, **kw):
+            sent.append((method, url, kw))
+            return Resp()
+
+    class Serializer(object):  # 1.2.0 https.py:153-157: body["data"], no loads_errors
+        def loads(self, response):
+            return json.loads(response.content)["data"]
+
+    class Api(object):
+        _store = {"session": HttpSession(), "serializer": Serializer()}
+    s = pa.connect(dict(api_backend="https", api_host="h", api_password="pw", api_timeout=7),
+                   api_factory=lambda host, **kw: Api())
+    store = s.api._store
+    store["session"].request("GET", "u", params=None)
+    store["session"].request("GET", "u", timeout=3)
+    assert sent == [("GET", "u", {"params": None, "timeout": 7}), ("GET", "u", {"timeout": 3})]
+    assert store["serializer"].loads(Resp()) == {"errors": {"dev1": "invalid format"}}
+
+
 def test_connect_https_verify_default_true_and_password():
     seen = {}
 
@@ -123,18 +152,63 @@ def test_connect_https_verify_default_true_and_password():
     assert not s.is_token and s.authuser == "root@pam"
 
 
-def test_connect_local_and_ssh():
-    seen = []
+class Pvesh(object):
+    """A pvesh runner: records argv, answers (stdout, stderr, exit status) in turn."""
 
-    def factory(host=None, **kw):
-        seen.append((host, kw))
-        return FakeApi()
-    s = pa.connect(dict(api_backend="local", api_timeout=60), api_factory=factory)
-    assert seen[-1] == (None, {"backend": "local", "timeout": 60}) and s.authuser == "root@pam"
-    s = pa.connect(dict(api_backend="ssh_paramiko", api_host="h", ssh_user="root", ssh_port=22,
-                        ssh_private_key_file="/k", ssh_host_key_checking=False), api_factory=factory)
-    assert seen[-1][1]["private_key_file"] == "/k" and seen[-1][1]["timeout"] == 30
-    assert s.authuser == "root@pam" and not s.is_token
+    def __init__(self, *answers):
+        self.argvs = []
+        self.answers = list(answers)
+
+    def __call__(self, argv):
+        self.argvs.append(argv)
+        return self.answers.pop(0)
+
+
+def test_connect_local_runs_pvesh_and_reads_the_last_json():
+    # a worker runs in the foreground under pvesh: its log comes before the UPID (PVE bug 4333)
+    run = Pvesh(("starting CT 129\nTASK OK\n\"%s\"\n" % UPID, "", 0), ("", "", 0))
+    s = pa.connect(dict(api_backend="local", api_timeout=60), cli_runner=run)
+    assert s.authuser == "root@pam" and not s.is_token and s.timeout == 60
+    assert ct_api(s).status.shutdown.post(timeout=30, forceStop=True, skiplock=None) == UPID
+    assert ct_api(s).config.put(dev0="/dev/nvidia0,mode=0666", delete="dev5") is None
+    assert run.argvs == [
+        ["pvesh", "create", "/nodes/kpro5/lxc/129/status/shutdown", "-timeout", "30", "-forceStop", "1",
+         "--output-format", "json"],
+        ["pvesh", "set", "/nodes/kpro5/lxc/129/config", "-dev0", "/dev/nvidia0,mode=0666", "-delete", "dev5",
+         "--output-format", "json"]]
+
+
+def ct_api(session):
+    return session.api.nodes("kpro5").lxc(129)
+
+
+def test_pvesh_errors_keep_code_and_message():
+    run = Pvesh(("", "400 Parameter verification failed.\ndev1: invalid format - /tmp/x is not a valid device path\n", 255),
+                ("", "CT 129 already running\n", 255),
+                ("starting CT 129\n", "startup for container '129' failed\n", 0))
+    s = pa.connect(dict(api_backend="local"), cli_runner=run)
+    with pytest.raises(pa.ResourceException) as e:
+        ct_api(s).config.put(dev1="/tmp/x")
+    assert e.value.status_code == 400 and "dev1: invalid format" in e.value.content
+    msg = pa.describe_error(e.value)
+    assert msg.startswith("calling the PVE API failed: HTTP 400 Bad Request: 400 Parameter verification failed.")
+    with pytest.raises(pa.ResourceException) as e:
+        ct_api(s).status.start.post()
+    assert e.value.status_code == 500 and e.value.content == "CT 129 already running"
+    # exit 0 with stderr and no JSON: a start whose output is not a UPID is an error, not a task to wait on
+    with pytest.raises(pa.ProxmoxApiError, match=r"start CT 129 returned \{'errors': 'starting CT 129\\n'\} instead"):
+        pa.ct_start(s, "kpro5", 129)
+
+
+def test_connect_ssh_passes_the_connection_options(monkeypatch):
+    seen = []
+    monkeypatch.setattr(pa, "_ssh_client", lambda params, host, timeout: seen.append((params, host, timeout)) or "client")
+    monkeypatch.setattr(pa, "_ssh_runner", lambda client, timeout: Pvesh(('{"status":"running"}', "", 0)))
+    s = pa.connect(dict(api_backend="ssh_paramiko", api_host="h", ssh_private_key_file="/k", ssh_host_key_checking=False))
+    assert seen[0][1:] == ("h", 30) and seen[0][0]["ssh_private_key_file"] == "/k"
+    assert s.authuser == "root@pam" and s.host == "h" and pa.ct_status(s, "kpro5", 129) == {"status": "running"}
+    with pytest.raises(pa.ProxmoxApiError, match="api_host is required for api_backend=ssh_paramiko"):
+        pa.connect(dict(api_backend="ssh_paramiko"))
 
 
 def test_connect_without_credentials():
