@@ -247,12 +247,15 @@ def test_init_failed_before_gpu_gives_this_launchs_exception():
     assert sl.diagnose(text, process_alive=True)["phase"] == "loading"
 
 
-def test_init_failed_before_gpu_argparse():
+def test_argparse_error_is_not_started():
+    # argparse rejects the command line before SGLang starts anything
     text = ("usage: launch_server.py [-h] --model-path MODEL_PATH\n"
             "launch_server.py: error: unrecognized arguments: --tp 2 --speculative-algo NEXTN\n")
-    res = sl.diagnose(text, exit_status=2, gpu_used_mib=[0, 0])
-    assert res["phase"] == "init_failed_before_gpu"
-    assert "ExecStart" in res["remedy"]
+    for kw in ({"exit_status": 2, "gpu_used_mib": [0, 0]}, {}):
+        res = sl.diagnose(text, **kw)
+        assert res["phase"] == "not_started"
+        assert res["facts"]["failure"] == "argparse"
+        assert "ExecStart" in res["remedy"] and "--speculative-algo NEXTN" in res["remedy"]
 
 
 def test_weights_oom_names_other_processes():
