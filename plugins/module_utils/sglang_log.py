@@ -394,8 +394,64 @@ def _classify(ev):
 
 
 def _new_tb(index, rank):
-    return {"start": index, "end": index, "rank": rank, "frames": [], "exception": None, "exception_type": None,
+    return {"start": index, "end": index, "rank": rank, "frames": [], "calls": [], "exception": None, "exception_type": None,
             "exception_msg": None, "exceptions": [], "tail": [], "chained": False}
+
+
+def _tb_feed(tb, ev, i):
+    """Feed line ``i`` to the open traceback ``tb``. Returns (tb still open or None, consumed: the line is a frame)."""
+    msg = ev["msg"]
+    stripped = msg.strip()
+    untimed = ev["ts"] is None
+    prev_frame = bool(tb["frames"]) and tb.get("last_was_frame")
+    tb["last_was_frame"] = False
+    if untimed and not tb.get("exception") and (stripped.startswith("File \"") or (prev_frame and not _EXC_LINE_RE.match(stripped))):
+        # a frame, or the code line under it; copies pasted into issues often lose the indentation
+        if stripped.startswith("File \""):
+            tb["frames"].append(stripped)
+            tb["last_was_frame"] = True
+        tb["calls"].append(stripped)
+        tb["end"] = i
+        return tb, True
+    if untimed and (msg.startswith(" ") or msg.startswith("\t") or stripped.startswith("^") or stripped == ""):
+        if stripped.startswith("File "):
+            tb["frames"].append(stripped)
+        if stripped and not stripped.startswith("^"):
+            tb["calls"].append(stripped)
+        tb["end"] = i
+        return (None if stripped == "" and tb.get("exception") else tb), True
+    if untimed and (stripped.startswith("During handling of the above exception")
+                    or stripped.startswith("The above exception was the direct cause")):
+        tb["chained"] = True
+        tb["end"] = i
+        return tb, True
+    em = _EXC_LINE_RE.match(stripped) if untimed else None
+    if em:
+        tb["exception"] = stripped
+        tb["exception_type"] = em.group("type")
+        tb["exception_msg"] = (em.group("msg") or "").strip()
+        tb["exceptions"].append(stripped)
+        tb["end"] = i
+        # the message of an exception may continue on following unindented lines (SGLang's
+        # "Possible solutions:" list): keep the traceback open until a timestamped or blank line.
+        tb["open_tail"] = True
+        return tb, False
+    if tb.get("open_tail") and untimed and not stripped.startswith("Traceback"):
+        tb["tail"].append(stripped)
+        tb["end"] = i
+        return tb, False
+    return None, False
+
+
+def _starts_traceback(ev):
+    """A line that opens a traceback whose header is not in the text (an excerpt, or a log cut at the
+    start): a bare frame, or a bare exception line at column 0 ("ValueError: ...")."""
+    if ev["ts"] is not None:
+        return False
+    if ev["msg"].strip().startswith("File \""):
+        return True
+    m = _EXC_LINE_RE.match(ev["msg"])
+    return bool(m and m.group("msg"))
 
 
 def parse_log(text):
@@ -408,9 +464,7 @@ def parse_log(text):
       exception_msg, text), milestones: {kind: [events]} in order.
     """
     lines = text.splitlines() if text else []
-    events = []
-    milestones = {}
-    tracebacks = []
+    events, milestones, tracebacks = [], {}, []
     tb = None
     last_rank = None
     for i, raw in enumerate(lines):
@@ -421,66 +475,24 @@ def parse_log(text):
         ev = parse_line(raw, i)
         if ev["rank"] is not None:
             last_rank = ev["rank"]
-        msg = ev["msg"]
-        if tb is None and ev["ts"] is None and msg.strip().startswith("File \""):
-            # a traceback whose header line is not in the text (an excerpt, or a log cut at the start)
+        if tb is None and _starts_traceback(ev):
             tb = _new_tb(i, None)
             tracebacks.append(tb)
-        # traceback collection: frames are indented, the exception line is not
         if tb is not None:
-            stripped = msg.strip()
-            prev_frame = bool(tb["frames"]) and tb.get("last_was_frame")
-            tb["last_was_frame"] = False
-            if ev["ts"] is None and not tb.get("exception") and (stripped.startswith("File \"") or (prev_frame and not _EXC_LINE_RE.match(stripped))):
-                # a frame, or the code line under it; copies pasted into issues often lose the indentation
-                if stripped.startswith("File \""):
-                    tb["frames"].append(stripped)
-                    tb["last_was_frame"] = True
-                tb["end"] = i
+            tb, consumed = _tb_feed(tb, ev, i)
+            if consumed:
                 continue
-            if ev["ts"] is None and (msg.startswith(" ") or msg.startswith("\t") or stripped.startswith("^") or stripped == ""):
-                if stripped.startswith("File "):
-                    tb["frames"].append(stripped)
-                tb["end"] = i
-                if stripped == "" and tb.get("exception"):
-                    tb = None
-                continue
-            if ev["ts"] is None and (stripped.startswith("During handling of the above exception")
-                                     or stripped.startswith("The above exception was the direct cause")):
-                tb["chained"] = True
-                tb["end"] = i
-                continue
-            em = _EXC_LINE_RE.match(stripped) if ev["ts"] is None else None
-            if em:
-                tb["exception"] = stripped
-                tb["exception_type"] = em.group("type")
-                tb["exception_msg"] = (em.group("msg") or "").strip()
-                tb["exceptions"].append(stripped)
-                tb["end"] = i
-                # the message of an exception may continue on following unindented lines
-                # (SGLang's "Possible solutions:" list); keep the traceback open until a
-                # timestamped line or a blank line.
-                tb["open_tail"] = True
-            elif tb.get("open_tail") and ev["ts"] is None and not stripped.startswith("Traceback"):
-                tb["tail"].append(stripped)
-                tb["end"] = i
-            else:
-                tb = None
         for kind, m in _classify(ev):
             if kind == "traceback":
                 tb = _new_tb(i, ev["rank"])
                 tracebacks.append(tb)
-            e = dict(ev)
-            e["kind"] = kind
-            e["data"] = _milestone_data(kind, m, msg)
+            e = dict(ev, kind=kind, data=_milestone_data(kind, m, ev["msg"]))
             events.append(e)
             milestones.setdefault(kind, []).append(e)
     for t in tracebacks:
         t["text"] = "\n".join(lines[t["start"]:t["end"] + 1])
         t.pop("open_tail", None)
         t.pop("last_was_frame", None)
-    # a traceback whose header line has no rank (continuation of a "Scheduler hit an exception:" line
-    # that has one) inherits nothing; the rank of its first line is already set when present.
     return {"lines": lines, "events": events, "tracebacks": tracebacks, "milestones": milestones, "last_rank": last_rank}
 
 
@@ -723,9 +735,15 @@ def _remedy_kv(facts, plan):
 def _remedy_weights(facts, exc, plan):
     tp = _sa(facts, "tp_size")
     others = re.findall(r"Process (\d+) has ([\d.]+ [GM]iB) memory in use", exc or "")
-    text = ("CUDA ran out of memory while loading the weights"
-            + (" (%s free before loading)" % _fmt_gib(facts["avail_before_weights_gib"]) if facts.get("avail_before_weights_gib") is not None else "")
-            + ": the weights per GPU do not fit. Make sure nothing else holds GPU memory")
+    if facts.get("oom_stage") in ("distributed_init", "args") and facts.get("avail_before_weights_gib") is None:
+        # nothing of ours was on the GPU yet: the memory was taken before this launch
+        text = ("CUDA ran out of memory before the weights were loaded (%s): the GPU's memory is already held, most likely by "
+                "a leftover server of an earlier launch. Find the holders (nvidia-smi, or the gate's gpu_memory_held check) and "
+                "stop them" % facts["oom_stage"].replace("_", " "))
+    else:
+        text = ("CUDA ran out of memory while loading the weights"
+                + (" (%s free before loading)" % _fmt_gib(facts["avail_before_weights_gib"]) if facts.get("avail_before_weights_gib") is not None else "")
+                + ": the weights per GPU do not fit. Make sure nothing else holds GPU memory")
     if others:
         text += " (the error names other processes: %s; inside LXC these are host PIDs)" % ", ".join("PID %s %s" % o for o in others)
     text += ", raise --tp-size (now %s) or use a quantized checkpoint (--quantization fp8)." % (tp if tp is not None else "1")
@@ -799,10 +817,11 @@ def _is_consequence(tb):
     return any(_CONSEQUENCE_FRAME_RE.search(f) for f in tb["frames"][-3:])
 
 
-def _root_traceback(parsed):
-    """The traceback that names the cause: a scheduler's own error rather than the main process's report of it;
-    a complete one rather than one cut before its exception line."""
-    causes = [t for t in parsed["tracebacks"] if not _is_consequence(t)]
+def _root_traceback(parsed, death_index=None):
+    """The traceback that names the cause: a scheduler's own error rather than the main process's report of it
+    (or its exit after reporting a dead scheduler at ``death_index``); a complete one rather than one cut
+    before its exception line."""
+    causes = [t for t in parsed["tracebacks"] if not _is_consequence(t) and (death_index is None or t["start"] < death_index)]
     complete = [t for t in causes if t["exceptions"]]
     return (complete or causes or [None])[0]
 
@@ -819,15 +838,23 @@ _FRAME_STAGES = [
 ]
 
 
+def _raised_while_importing(tb):
+    """True when the innermost complete frame is a module's top level (an import chain)."""
+    complete = [f for f in tb["frames"] if re.search(r", line \d+, in (?:<module>|[A-Za-z_]\w*)$", f)]
+    return bool(complete) and complete[-1].endswith("in <module>")
+
+
 def _stage_from_frames(tb):
     """The startup stage named by a traceback's frames (innermost known one wins), or None."""
     if not tb or not tb.get("frames"):
         return None
-    if tb["frames"][-1].endswith("in <module>"):
-        return "args"   # raised while importing: before any process was spawned
-    for frame in reversed(tb["frames"]):
+    if _raised_while_importing(tb):
+        return "args"   # before any process was spawned
+    # frames and the code lines under them, innermost first: an excerpt cut inside a frame still
+    # shows the call the last complete frame was making ("self.load_model()")
+    for line in reversed(tb.get("calls") or tb["frames"]):
         for stage, rx in _FRAME_STAGES:
-            if rx.search(frame):
+            if rx.search(line):
                 return stage
     return None
 
@@ -1027,7 +1054,7 @@ def _warmup_failure(L):
 def _fatal_traceback(L):
     """The traceback that ended this launch, or None: one the startup went on past, a runtime error after
     ready, or one just printed by a process that is still alive and has not reported a failure."""
-    tb = _root_traceback(L.parsed)
+    tb = _root_traceback(L.parsed, L.death[2]["index"] if L.death else None)
     if tb is None:
         return None
     if L.ready_line is not None and L.ready_line["index"] < tb["start"] and not L.exited:
@@ -1069,10 +1096,14 @@ def _failure_by_stage(L, stage, exc, extra, tb=None):
         L.facts["failure"] = "distributed_init_failed"
         return L.result("nccl_error", extra, tb, _remedy_nccl(exc, False))
     kind = _exception_kind(exc)
+    if kind == "invalid_configuration" and stage != "args":
+        kind = None     # a TypeError / ValueError / AssertionError past the arguments: the stage says more
+    if kind is None and stage == "args" and tb is not None and _raised_while_importing(tb):
+        kind = "import_error"   # whatever was raised while importing SGLang's modules, the import failed
     L.facts["failure"] = kind or {"weights": "weights_load_failed", "kv_pool": "kv_pool_failed",
                                   "scheduler_ready": "scheduler_init_failed"}.get(stage, "init_failed")
     remedy = _remedy_init(L, kind, stage, shown)
-    if not L.facts["gpu_touched_per_log"]:
+    if not L.facts["gpu_touched_per_log"] and stage == "args":
         remedy = ("The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.' in "
                   "this launch's log). " + remedy)
     return L.result("init_failed_before_gpu", extra, tb, remedy, gpu=True)
@@ -1123,13 +1154,19 @@ def _death_failure(L):
         L.facts["failure"] = "scheduler_killed"
         phase = "weights_oom" if stage in ("args", "distributed_init", "weights") else _failure_by_stage(L, stage, None, [e])["phase"]
         return L.result(phase, [e], tb, (
-            "%s, during %s. A SIGKILL there is most often the host's OOM killer (host RAM, not GPU memory: loading reads "
+            "%s, %s. A SIGKILL there is most often the host's OOM killer (host RAM, not GPU memory: loading reads "
             "the checkpoint through RAM): check `dmesg -T | grep -i oom` (or journalctl -k) on the Proxmox host, then give the "
-            "container more memory or load with fewer threads." % (said, stage.replace("_", " "))))
+            "container more memory or load with fewer threads." % (said, _stage_words(stage))))
     res = _failure_by_stage(L, stage, None, [e], tb)
     res["remedy"] = "%s. Its own error is not in this log: look at the rank's lines above it. %s" % (said, res["remedy"])
     L.facts["failure"] = "scheduler_exited"
     return res
+
+
+def _stage_words(stage):
+    if stage == "args":
+        return "before any start-up milestone in this log"
+    return "during " + stage.replace("_", " ")
 
 
 def _exit_failure(L):
