@@ -17,7 +17,10 @@ def load(path):
     with open(path, encoding="utf-8", newline="") as f:
         raw = f.read()
     head, text = raw.split("# ----\n", 1)
-    return dict(re.findall(r"^# (\w+): (.*)$", head, re.M)), text
+    headers = dict(re.findall(r"^# (\w+): (.*)$", head, re.M))
+    if headers.get("body", "").startswith("json"):
+        text = json.loads(text)
+    return headers, text
 
 
 def fixtures(kind):
