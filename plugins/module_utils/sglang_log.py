@@ -451,7 +451,8 @@ def _starts_traceback(ev):
     if ev["msg"].strip().startswith("File \""):
         return True
     m = _EXC_LINE_RE.match(ev["msg"])
-    return bool(m and m.group("msg"))
+    # a bare "UserWarning: ..." is a warning printed on the way, not an exception
+    return bool(m and m.group("msg") and not m.group("type").endswith("Warning"))
 
 
 def parse_log(text):
@@ -508,11 +509,6 @@ def _first(ms, kind):
 def _last(ms, kind):
     lst = ms.get(kind) or []
     return lst[-1] if lst else None
-
-
-def _target_events(ms, kind):
-    """Events of the target model runner (the draft worker's ModelRunner repeats some lines later)."""
-    return [e for e in ms.get(kind) or [] if not e["data"].get("draft")]
 
 
 def extract_facts(parsed):

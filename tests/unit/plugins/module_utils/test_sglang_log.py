@@ -513,3 +513,9 @@ def test_a_live_process_past_its_traceback_is_not_failed():
     # an error after ready while the server lives on is a runtime error, not a failed launch
     after = read("synthetic_ready_tp2_nextn.log") + _scheduler_tb(["managers/scheduler.py:event_loop"], "ValueError: bad request")
     assert sl.diagnose(after, process_alive=True)["phase"] == "ready"
+
+
+def test_a_warning_line_is_not_a_failure():
+    text = _loading_until("Load weight end") + "UserWarning: TypedStorage is deprecated. It will be removed in the future.\n"
+    assert sl.diagnose(text)["phase"] == "loading"
+    assert sl.diagnose(_loading_until("Load weight end") + "ValueError: bad shard\n")["phase"] != "loading"
