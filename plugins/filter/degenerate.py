@@ -17,7 +17,7 @@ def _check(text):
 
 
 def degenerate(text):
-    """True when the completion text is degenerate (empty, newlines only, a loop, one token repeated, mojibake)."""
+    """True when the completion text is degenerate (see module_utils/degenerate.py for what that covers)."""
     return _check(text)["degenerate"]
 
 

@@ -53,10 +53,18 @@ _LAUNCH_HEADER_RE = re.compile(r"^#\s*kpro-launch-id:\s*(\S+)\s*$")
 # docker compose ("sglang-1  | "), journald short format ("Mar 01 10:00:00 host python3[123]: ").
 _COMPOSE_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.-]+-\d+\s+\|\s?")
 _JOURNAL_PREFIX_RE = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?: ")
+# Wrappers that re-log SGLang's output through their own formatter, with a timestamp of their own:
+# Python logging ("2025-03-07 23:50:27,531 - __main__ - INFO - ") and Rust tracing
+# ("2025-11-05T01:56:54.243403Z  INFO model_runner.init_device_graphs: ").
+_WRAPPER_PREFIX_RES = (
+    re.compile(r"^(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ - [\w.]+ - [A-Z]+ - "),
+    re.compile(r"^(?P<ts>\d{4}-\d\d-\d\d)T(?P<tm>\d\d:\d\d:\d\d)(?:\.\d+)?Z\s+[A-Z]+\s+[\w.<>]+: "),
+)
 
-# "[2026-03-01 10:00:05 TP0] msg", "[2026-03-01 10:00:05.123 DP0 TP1] msg", "[23:17:01 TP7] msg" (old)
+# "[2026-03-01 10:00:05 TP0] msg", "[2026-03-01 10:00:05.123 DP0 TP1] msg", "[23:17:01 TP7] msg" (old),
+# "[12-16 14:27:08] msg" (the multimodal runtime's format)
 _SGL_LINE_RE = re.compile(
-    r"^\[(?P<ts>(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?)"
+    r"^\[(?P<ts>(?:(?:\d{4}-)?\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d+)?)"
     r"(?P<tags>(?: (?:DP|PP|TP|EP|CP|ATTN_CP|MOE_DP|ATTN_DP)\d+)*)\] ?(?P<msg>.*)$"
 )
 _RANK_TAG_RE = re.compile(r"(DP|PP|TP|EP|CP|ATTN_CP|MOE_DP|ATTN_DP)(\d+)")
@@ -69,12 +77,15 @@ _NUM = r"(-?\d+(?:\.\d+)?)"
 _MILESTONES = [
     ("server_args", re.compile(r"^server_args=ServerArgs\(")),
     ("dist_begin", re.compile(r"Init torch distributed begin\.")),
-    ("dist_end", re.compile(r"Init torch distributed ends\. elapsed=" + _NUM + r" s, mem usage=" + _NUM + r" GB")),
+    # "elapsed=" is missing in some 0.5.x builds
+    ("dist_end", re.compile(r"Init torch distributed ends\.(?: elapsed=" + _NUM + r" s,)? mem usage=" + _NUM + r" GB")),
     ("weights_begin", re.compile(r"Load weight begin\. avail mem=" + _NUM + r" GB")),
     ("shards", re.compile(r"(?:Loading safetensors checkpoint shards|Multi-thread loading shards):\s+(\d+)% Completed \|\s*(\d+)/(\d+)")),
     ("weights_end", re.compile(r"Load weight end\.")),
     ("mamba_alloc", re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)")),
     ("kv_alloc", re.compile(r"KV Cache is allocated\. #tokens: (\d+)")),
+    # every KV pool class is a *TokenToKVPool; some announce themselves before allocating
+    ("kv_pool_init", re.compile(r"^Initiali[sz]e \w*TokenToKVPool\b")),
     ("mem_pool_end", re.compile(r"Memory pool end\. avail mem=" + _NUM + r" GB")),
     ("graph_begin", re.compile(r"Capture (?:draft )?(?:extend )?(?:cuda|npu|cpu|xpu|hpu|musa) ?graph begin\.")),
     ("graph_end", re.compile(r"Capture (?:draft )?(?:extend )?(?:cuda|npu|cpu|xpu|hpu|musa) ?graph end\.")),
@@ -91,6 +102,10 @@ _MILESTONES = [
     ("scheduler_exception", re.compile(r"Scheduler hit an exception")),
     ("sigquit", re.compile(r"Received sigquit from a child process")),
     ("scheduler_dead", re.compile(r"Rank (\d+) scheduler is dead")),
+    # 0.5.10+: "Rank N scheduler died during initialization (exit code: X). If exit code is -9 (SIGKILL), ..."
+    ("scheduler_died", re.compile(r"Rank (\d+) scheduler died during initialization \(exit code: (-?\d+)\)")),
+    # 0.5.9 prints the exit code of a dead scheduler on a line of its own
+    ("exit_code", re.compile(r"^Exit code: (-?\d+)\s*$")),
     ("not_enough_memory", re.compile(r"Not enough memory(?: to allocate KV cache)?\. Please try to increase --mem-fraction-static"
                                      r"|Loaded weights leave no GPU memory for the KV cache")),
     ("pool_too_small", re.compile(r"Memory pool size is too small|max_running_request is zero")),
@@ -107,7 +122,11 @@ _MILESTONES = [
     ("health_failed", re.compile(r"Health check failed")),
     ("driver_mismatch", re.compile(r"Driver/library version mismatch|API mismatch|CUDA driver version is insufficient")),
     ("nvidia_smi_missing", re.compile(r"nvidia-smi not found")),
-    ("argparse_error", re.compile(r"error: (?:unrecognized arguments|argument --|the following arguments are required)")),
+    ("argparse_error", re.compile(r"error: (?:unrecognized arguments|argument -|the following arguments are required"
+                                  r"|ambiguous option)")),
+    # argparse prints its usage only when it rejects the command line (or for --help)
+    ("argparse_usage", re.compile(r"^usage: (?:\S*launch_server(?:\.py)?|sglang(?: serve)?|python3? -m sglang\S*) ")),
+    ("app_startup_failed", re.compile(r"Application startup failed")),
     ("arch_unsupported", re.compile(r"Model architectures \[.*\] are not supported|is not a registered model")),
     ("killed", re.compile(r"^(?:Killed|已杀死)\s*$")),
     ("traceback", re.compile(r"Traceback \(most recent call last\):")),
@@ -128,6 +147,7 @@ _STAGE_OF_MILESTONE = {
     "mamba_alloc": "kv_pool",
     "kv_alloc": "kv_pool",
     "mem_pool_end": "kv_pool",
+    "kv_pool_init": "kv_pool",
     "graph_begin": "cuda_graph",
     "graph_end": "cuda_graph",
     "max_total_tokens": "scheduler_ready",
@@ -139,7 +159,7 @@ _STAGE_OF_MILESTONE = {
     "decode": None,
 }
 # Milestones that only a process that has created a CUDA context can print.
-_GPU_MILESTONES = frozenset(["dist_begin", "dist_end", "weights_begin", "shards", "weights_end", "mamba_alloc", "kv_alloc",
+_GPU_MILESTONES = frozenset(["dist_begin", "dist_end", "weights_begin", "shards", "weights_end", "mamba_alloc", "kv_alloc", "kv_pool_init",
                              "mem_pool_end", "graph_begin", "graph_end", "max_total_tokens"])
 
 
@@ -210,6 +230,15 @@ def _strip_collector_prefix(line):
             if rest.startswith("[") or _UVICORN_BARE_RE.match(rest) or rest.startswith(" ") or rest.startswith("Traceback") \
                     or _EXC_LINE_RE.match(rest):
                 return rest
+    for rx in _WRAPPER_PREFIX_RES:
+        m = rx.match(line)
+        if m:
+            rest = line[m.end():]
+            if rest.startswith("["):
+                return rest
+            # the wrapper's own timestamp stands in for SGLang's, so the line parses as a log line
+            ts = m.group("ts") + (" " + m.group("tm") if "tm" in m.groupdict() else "")
+            return "[%s] %s" % (ts, rest)
     return line
 
 
@@ -239,7 +268,7 @@ def _milestone_data(kind, m, msg):
     """Numbers carried by a milestone line."""
     data = {}
     if kind == "dist_end":
-        data = {"elapsed_s": float(m.group(1)), "mem_usage_gb": float(m.group(2))}
+        data = {"elapsed_s": float(m.group(1)) if m.group(1) else None, "mem_usage_gb": float(m.group(2))}
     elif kind == "weights_begin":
         data = {"avail_mem_gb": float(m.group(1))}
     elif kind == "shards":
@@ -278,6 +307,10 @@ def _milestone_data(kind, m, msg):
         data = {"url": m.group(1)}
     elif kind == "scheduler_dead":
         data = {"rank": int(m.group(1))}
+    elif kind == "scheduler_died":
+        data = {"rank": int(m.group(1)), "exit_code": int(m.group(2))}
+    elif kind == "exit_code":
+        data = {"exit_code": int(m.group(1))}
     elif kind == "profiled_negative":
         data = {"profiled": int(m.group(1))}
     elif kind == "server_args":
@@ -361,8 +394,65 @@ def _classify(ev):
 
 
 def _new_tb(index, rank):
-    return {"start": index, "end": index, "rank": rank, "frames": [], "exception": None, "exception_type": None,
+    return {"start": index, "end": index, "rank": rank, "frames": [], "calls": [], "exception": None, "exception_type": None,
             "exception_msg": None, "exceptions": [], "tail": [], "chained": False}
+
+
+def _tb_feed(tb, ev, i):
+    """Feed line ``i`` to the open traceback ``tb``. Returns (tb still open or None, consumed: the line is a frame)."""
+    msg = ev["msg"]
+    stripped = msg.strip()
+    untimed = ev["ts"] is None
+    prev_frame = bool(tb["frames"]) and tb.get("last_was_frame")
+    tb["last_was_frame"] = False
+    if untimed and not tb.get("exception") and (stripped.startswith("File \"") or (prev_frame and not _EXC_LINE_RE.match(stripped))):
+        # a frame, or the code line under it; copies pasted into issues often lose the indentation
+        if stripped.startswith("File \""):
+            tb["frames"].append(stripped)
+            tb["last_was_frame"] = True
+        tb["calls"].append(stripped)
+        tb["end"] = i
+        return tb, True
+    if untimed and (msg.startswith(" ") or msg.startswith("\t") or stripped.startswith("^") or stripped == ""):
+        if stripped.startswith("File "):
+            tb["frames"].append(stripped)
+        if stripped and not stripped.startswith("^"):
+            tb["calls"].append(stripped)
+        tb["end"] = i
+        return (None if stripped == "" and tb.get("exception") else tb), True
+    if untimed and (stripped.startswith("During handling of the above exception")
+                    or stripped.startswith("The above exception was the direct cause")):
+        tb["chained"] = True
+        tb["end"] = i
+        return tb, True
+    em = _EXC_LINE_RE.match(stripped) if untimed else None
+    if em:
+        tb["exception"] = stripped
+        tb["exception_type"] = em.group("type")
+        tb["exception_msg"] = (em.group("msg") or "").strip()
+        tb["exceptions"].append(stripped)
+        tb["end"] = i
+        # the message of an exception may continue on following unindented lines (SGLang's
+        # "Possible solutions:" list): keep the traceback open until a timestamped or blank line.
+        tb["open_tail"] = True
+        return tb, False
+    if tb.get("open_tail") and untimed and not stripped.startswith("Traceback"):
+        tb["tail"].append(stripped)
+        tb["end"] = i
+        return tb, False
+    return None, False
+
+
+def _starts_traceback(ev):
+    """A line that opens a traceback whose header is not in the text (an excerpt, or a log cut at the
+    start): a bare frame, or a bare exception line at column 0 ("ValueError: ...")."""
+    if ev["ts"] is not None:
+        return False
+    if ev["msg"].strip().startswith("File \""):
+        return True
+    m = _EXC_LINE_RE.match(ev["msg"])
+    # a bare "UserWarning: ..." is a warning printed on the way, not an exception
+    return bool(m and m.group("msg") and not m.group("type").endswith("Warning"))
 
 
 def parse_log(text):
@@ -375,9 +465,7 @@ def parse_log(text):
       exception_msg, text), milestones: {kind: [events]} in order.
     """
     lines = text.splitlines() if text else []
-    events = []
-    milestones = {}
-    tracebacks = []
+    events, milestones, tracebacks = [], {}, []
     tb = None
     last_rank = None
     for i, raw in enumerate(lines):
@@ -388,66 +476,24 @@ def parse_log(text):
         ev = parse_line(raw, i)
         if ev["rank"] is not None:
             last_rank = ev["rank"]
-        msg = ev["msg"]
-        if tb is None and ev["ts"] is None and msg.strip().startswith("File \""):
-            # a traceback whose header line is not in the text (an excerpt, or a log cut at the start)
+        if tb is None and _starts_traceback(ev):
             tb = _new_tb(i, None)
             tracebacks.append(tb)
-        # traceback collection: frames are indented, the exception line is not
         if tb is not None:
-            stripped = msg.strip()
-            prev_frame = bool(tb["frames"]) and tb.get("last_was_frame")
-            tb["last_was_frame"] = False
-            if ev["ts"] is None and not tb.get("exception") and (stripped.startswith("File \"") or (prev_frame and not _EXC_LINE_RE.match(stripped))):
-                # a frame, or the code line under it; copies pasted into issues often lose the indentation
-                if stripped.startswith("File \""):
-                    tb["frames"].append(stripped)
-                    tb["last_was_frame"] = True
-                tb["end"] = i
+            tb, consumed = _tb_feed(tb, ev, i)
+            if consumed:
                 continue
-            if ev["ts"] is None and (msg.startswith(" ") or msg.startswith("\t") or stripped.startswith("^") or stripped == ""):
-                if stripped.startswith("File "):
-                    tb["frames"].append(stripped)
-                tb["end"] = i
-                if stripped == "" and tb.get("exception"):
-                    tb = None
-                continue
-            if ev["ts"] is None and (stripped.startswith("During handling of the above exception")
-                                     or stripped.startswith("The above exception was the direct cause")):
-                tb["chained"] = True
-                tb["end"] = i
-                continue
-            em = _EXC_LINE_RE.match(stripped) if ev["ts"] is None else None
-            if em:
-                tb["exception"] = stripped
-                tb["exception_type"] = em.group("type")
-                tb["exception_msg"] = (em.group("msg") or "").strip()
-                tb["exceptions"].append(stripped)
-                tb["end"] = i
-                # the message of an exception may continue on following unindented lines
-                # (SGLang's "Possible solutions:" list); keep the traceback open until a
-                # timestamped line or a blank line.
-                tb["open_tail"] = True
-            elif tb.get("open_tail") and ev["ts"] is None and not stripped.startswith("Traceback"):
-                tb["tail"].append(stripped)
-                tb["end"] = i
-            else:
-                tb = None
         for kind, m in _classify(ev):
             if kind == "traceback":
                 tb = _new_tb(i, ev["rank"])
                 tracebacks.append(tb)
-            e = dict(ev)
-            e["kind"] = kind
-            e["data"] = _milestone_data(kind, m, msg)
+            e = dict(ev, kind=kind, data=_milestone_data(kind, m, ev["msg"]))
             events.append(e)
             milestones.setdefault(kind, []).append(e)
     for t in tracebacks:
         t["text"] = "\n".join(lines[t["start"]:t["end"] + 1])
         t.pop("open_tail", None)
         t.pop("last_was_frame", None)
-    # a traceback whose header line has no rank (continuation of a "Scheduler hit an exception:" line
-    # that has one) inherits nothing; the rank of its first line is already set when present.
     return {"lines": lines, "events": events, "tracebacks": tracebacks, "milestones": milestones, "last_rank": last_rank}
 
 
@@ -463,11 +509,6 @@ def _first(ms, kind):
 def _last(ms, kind):
     lst = ms.get(kind) or []
     return lst[-1] if lst else None
-
-
-def _target_events(ms, kind):
-    """Events of the target model runner (the draft worker's ModelRunner repeats some lines later)."""
-    return [e for e in ms.get(kind) or [] if not e["data"].get("draft")]
 
 
 def extract_facts(parsed):
@@ -690,9 +731,15 @@ def _remedy_kv(facts, plan):
 def _remedy_weights(facts, exc, plan):
     tp = _sa(facts, "tp_size")
     others = re.findall(r"Process (\d+) has ([\d.]+ [GM]iB) memory in use", exc or "")
-    text = ("CUDA ran out of memory while loading the weights"
-            + (" (%s free before loading)" % _fmt_gib(facts["avail_before_weights_gib"]) if facts.get("avail_before_weights_gib") is not None else "")
-            + ": the weights per GPU do not fit. Make sure nothing else holds GPU memory")
+    if facts.get("oom_stage") in ("distributed_init", "args") and facts.get("avail_before_weights_gib") is None:
+        # nothing of ours was on the GPU yet: the memory was taken before this launch
+        text = ("CUDA ran out of memory before the weights were loaded (%s): the GPU's memory is already held, most likely by "
+                "a leftover server of an earlier launch. Find the holders (nvidia-smi, or the gate's gpu_memory_held check) and "
+                "stop them" % facts["oom_stage"].replace("_", " "))
+    else:
+        text = ("CUDA ran out of memory while loading the weights"
+                + (" (%s free before loading)" % _fmt_gib(facts["avail_before_weights_gib"]) if facts.get("avail_before_weights_gib") is not None else "")
+                + ": the weights per GPU do not fit. Make sure nothing else holds GPU memory")
     if others:
         text += " (the error names other processes: %s; inside LXC these are host PIDs)" % ", ".join("PID %s %s" % o for o in others)
     text += ", raise --tp-size (now %s) or use a quantized checkpoint (--quantization fp8)." % (tp if tp is not None else "1")
@@ -719,319 +766,60 @@ def _remedy_nccl(exc, p2p):
             "NCCL_DEBUG=INFO for the detail." % (exc or "NCCL error"))
 
 
-def _remedy_before_gpu(exc, parsed):
-    hint = ""
-    ms = parsed["milestones"]
-    if "argparse_error" in ms:
-        hint = " It is an argument error: fix the flag in the unit's ExecStart (server options dict)."
-    elif "nvidia_smi_missing" in ms:
-        hint = " nvidia-smi is missing in the container: install the driver userspace (nvidia_driver mode=userspace)."
-    elif "driver_mismatch" in ms:
-        hint = " The NVIDIA userspace does not match the kernel module."
-    elif exc and re.search(r"ValueError|AssertionError", exc):
-        hint = " It is a validation error of the server arguments: change the option it names."
-    elif exc and re.search(r"OSError|ConnectionError|HTTPError|LocalEntryNotFoundError|RepositoryNotFoundError|HFValidationError", exc):
-        hint = " The model/tokenizer files could not be read: point --model-path at the local snapshot (HF_HUB_OFFLINE=1)."
-    return ("The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.' in this "
-            "launch's log): %s.%s" % (exc or "no exception in the log; see the unit's journal for the exit", hint))
+# --------------------------------------------------------------------------------------------
+# What an exception says, whatever stage raised it
+# --------------------------------------------------------------------------------------------
+
+_ARCH_RE = re.compile(r"[Aa]rchitectures? .*(?:are|is) not supported|Unsupported architectures?|is not a registered model"
+                      r"|does not recognize this architecture|failed to be inspected")
+_IMPORT_RE = re.compile(r"^(?:[\w.]*\.)?(?:ImportError|ModuleNotFoundError)\b|undefined symbol|cannot import name|No module named")
+_FILES_RE = re.compile(r"^(?:[\w.]*\.)?(?:OSError|FileNotFoundError|HTTPError|LocalEntryNotFoundError|RepositoryNotFoundError"
+                       r"|HFValidationError|GatedRepoError|EntryNotFoundError)\b|SafetensorError|HeaderTooLarge")
+_SPEC_FLAGS_RE = re.compile(r"[Ss]peculative decoding .* not compatible|is incompatible with|not compatible with")
+_CONFIG_EXC_RE = re.compile(r"^(?:[\w.]*\.)?(?:TypeError|ValueError|AssertionError|NotImplementedError)\b")
+# The main process's report of a child's failure: a consequence, never the cause.
+_CONSEQUENCE_RE = re.compile(r"scheduler died during initialization|scheduler is dead|Initialization failed\. Please see"
+                             r"|^EOFError\b")
+_CONSEQUENCE_FRAME_RE = re.compile(r"_wait_for_scheduler_ready|wait_for_ready\b")
+# Lines that say this launch is over, even when nothing reports the process state.
+_FATAL_MARKERS = ("sigquit", "scheduler_exception", "scheduler_dead", "scheduler_died", "killed", "init_failed",
+                  "app_startup_failed", "warmup_error")
+
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
+            11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
 
 
-def _progress(parsed, facts, stalled_s, gpu_used_mib, gpu_baseline_mib):
-    return {"stage": facts.get("stage"), "last_milestone": facts.get("last_milestone"), "stalled_s": stalled_s,
-            "gpu_above_baseline": (not _at_baseline(gpu_used_mib, gpu_baseline_mib)) if gpu_used_mib is not None else None}
+def _exception_kind(exc):
+    """What kind of configuration problem an exception names, or None."""
+    if not exc:
+        return None
+    if _ARCH_RE.search(exc):
+        return "unsupported_architecture"
+    if _IMPORT_RE.search(exc):
+        return "import_error"
+    if "nvidia-smi not found" in exc:
+        return "nvidia_smi_missing"
+    if _FILES_RE.search(exc):
+        return "model_files"
+    if _SPEC_FLAGS_RE.search(exc) or _CONFIG_EXC_RE.search(exc):
+        return "invalid_configuration"
+    return None
 
 
-def diagnose(log_text, gpu_used_mib=None, gpu_baseline_mib=None, exit_status=None, process_alive=None, planned_weights_mib=None,
-             http=None, probe=None, launch_id=None, elapsed_s=None, timeout_s=None, stalled_s=None, foreign_processes=None,
-             driver=None, compat=None, plan=None):
-    """Name the phase of one launch of the SGLang server, with evidence and remedy.
-
-    Arguments (all optional except ``log_text``):
-      log_text: the log of *this* launch (None: no log at all). With ``launch_id`` the text is first
-        narrowed with :func:`select_launch`; a log without that launch's header counts as no log.
-      gpu_used_mib / gpu_baseline_mib: per-GPU NVML memory.used now and before the launch.
-      exit_status: the main process's exit code (137 / -9 = SIGKILL, what a failed startup ends with);
-        None while running or unknown.
-      process_alive: whether the main process (or the unit) is alive.
-      planned_weights_mib: the plan's weights per GPU; readiness requires every GPU to hold at least 90 %.
-      http: dict(health=<status or None when refused>, models=[ids], expected_model=<id>).
-      probe: dict(text=<smoke completion>, speculative=<bool>) or dict(degenerate=<bool>, reason=...).
-      elapsed_s / timeout_s / stalled_s: time since launch, the budget, seconds since log or memory last advanced.
-      foreign_processes: list of dict(pid, name, used_mib, ours) holding GPU memory before the launch.
-      driver: dict(kernel=<version>, library=<version>) from /proc/driver/nvidia/version and NVML.
-      compat: the result of compat.check() (action refuse -> known_bad_version).
-      plan: the result of sglang_plan.plan(), used for numbers in remedies.
-
-    Returns dict(phase, evidence: [str], remedy: str, facts: dict).
-    """
-    facts = {}
-    evidence = []
-
-    # ---- before launch: the things the gate checks first -----------------------------------
-    if compat and compat.get("action") == "refuse":
-        return _result("known_bad_version", [compat.get("message", "")] + [r.get("reason", "") for r in compat.get("rules", [])],
-                       compat.get("remedy") or compat.get("message", ""), {"compat": compat})
-    if driver and driver.get("kernel") and driver.get("library") and str(driver["kernel"]) != str(driver["library"]):
-        return _result("version_mismatch", ["kernel module %s, userspace library %s" % (driver["kernel"], driver["library"])],
-                       "Install the NVIDIA userspace of exactly version %s (the host's kernel module) in the container with "
-                       "--no-kernel-modules (kpro.gpu_serving.nvidia_driver mode=userspace)." % driver["kernel"],
-                       {"driver": driver})
-    foreign = [p for p in (foreign_processes or []) if not p.get("ours")]
-    if foreign:
-        ev = ["PID %s %s holds %s MiB on GPU %s" % (p.get("pid"), p.get("name") or "?", p.get("used_mib", "?"), p.get("gpu", "?"))
-              for p in foreign]
-        return _result("gpu_memory_held", ev,
-                       "GPU memory is held by processes that are not this unit's: stop them (or wait until NVML shows the memory "
-                       "released); only processes of our own unit are ended automatically, never by name.",
-                       {"foreign_processes": foreign})
-
-    # ---- this launch's log ---------------------------------------------------------------
-    text = select_launch(log_text, launch_id) if log_text is not None else None
-    if text is None or not text.strip():
-        facts.update({"log_lines": 0, "launch_id": launch_id, "exit_status": exit_status})
-        if process_alive:
-            return _result("loading", ["no log lines yet for this launch"], "Wait: the process is alive and has not logged yet.", facts)
-        return _result("not_started", ["no log for this launch" if text is None else "the log of this launch is empty"],
-                       "The server did not start: check the unit (systemctl status, journalctl -u) and its ExecStart; "
-                       "the log of this launch has no lines.", facts)
-
-    parsed = parse_log(text)
-    facts.update(extract_facts(parsed))
-    facts["exit_status"] = exit_status
-    if gpu_used_mib is not None:
-        facts["gpu_used_mib"] = list(gpu_used_mib)
-    if gpu_baseline_mib is not None:
-        facts["gpu_baseline_mib"] = list(gpu_baseline_mib)
-    ms = parsed["milestones"]
-    exited = (process_alive is False) or (exit_status is not None)
-    alive = process_alive if process_alive is not None else (None if exit_status is None else False)
-    ready_line = _first(ms, "ready")
-
-    # ---- failure signatures, in the order they occur in a startup -------------------------
-    tb_oom = _pick_traceback(parsed, lambda t: any(re.search(r"out of memory|OutOfMemoryError", x) for x in t["exceptions"] + t["tail"]))
-    if "driver_mismatch" in ms:
-        e = ms["driver_mismatch"][0]
-        return _result("version_mismatch", _evidence(parsed, [e]),
-                       "The NVIDIA userspace in the container does not match the host's kernel module: install the same version "
-                       "with --no-kernel-modules (kpro.gpu_serving.nvidia_driver mode=userspace).", facts)
-
-    if "nccl" in ms or "p2p" in ms:
-        e = (ms.get("nccl") or ms.get("p2p"))[0]
-        tb = _pick_traceback(parsed, lambda t: any(re.search(r"NCCL|nccl|peer access|DistBackend", x) for x in t["exceptions"]))
-        exc = _tb_exception(tb) or e["msg"]
-        # NCCL warnings alone (NCCL_DEBUG=INFO/WARN output) are not fatal while the server goes on
-        hard = [x for x in (ms.get("nccl") or []) + (ms.get("p2p") or []) if "NCCL WARN" not in x["msg"]]
-        if exited or tb or (hard and not ready_line):
-            facts["exception"] = exc
-            return _result("nccl_error", _evidence(parsed, [e], tb), _remedy_nccl(exc, "p2p" in ms), facts)
-
-    if "graph_failed" in ms:
-        e = ms["graph_failed"][0]
-        tb = _pick_traceback(parsed, lambda t: any("graph failed" in x for x in t["exceptions"]))
-        facts["exception"] = _tb_exception(tb) or e["msg"]
-        return _result("cuda_graph_failed", _evidence(parsed, [e], tb), _remedy_graph(facts), facts)
-
-    negative = [e for e in ms.get("profiled_negative") or [] if e["data"].get("profiled", 1) <= 0]
-    if "not_enough_memory" in ms or "pool_too_small" in ms or negative:
-        e = (ms.get("not_enough_memory") or ms.get("pool_too_small") or negative)[0]
-        tb = _pick_traceback(parsed, lambda t: any(re.search(r"Not enough memory|pool size is too small|max_running_request is zero|"
-                                                             r"no GPU memory for the KV cache", x) for x in t["exceptions"]))
-        mfm = re.search(r"mem_fraction_static=([\d.]+)", e["msg"] + " " + (_tb_exception(tb) or ""))
-        if mfm and "server_args" not in facts:
-            facts["server_args"] = {"mem_fraction_static": float(mfm.group(1))}
-        facts["exception"] = _tb_exception(tb) or e["msg"]
-        extra = [e] + (ms.get("profiled_negative") or [])[:1]
-        return _result("kv_cache_oom", _evidence(parsed, extra, tb), _remedy_kv(facts, plan), facts)
-
-    if tb_oom or "cuda_oom" in ms:
-        e = ms["cuda_oom"][0] if "cuda_oom" in ms else None
-        exc = _tb_exception(tb_oom) or (e["msg"] if e else "CUDA out of memory")
-        facts["exception"] = exc
-        oom_index = tb_oom["start"] if tb_oom else e["index"]
-        where = _stage_from_frames(tb_oom) or _stage_at(parsed, oom_index)
-        facts["oom_stage"] = where
-        extra = [e] if e else []
-        if _in_draft(parsed, oom_index) and where in ("weights", "kv_pool", "cuda_graph", "distributed_init"):
-            facts["oom_in_draft_model"] = True
-            return _result("kv_cache_oom", _evidence(parsed, extra, tb_oom),
-                           "CUDA ran out of memory while setting up the speculative draft model, which SGLang allocates from the "
-                           "(1 - mem_fraction_static) reserve after the target's KV pool: lower --mem-fraction-static (now %s, e.g. %s) "
-                           "so the reserve grows, or lower --max-running-requests / --context-length, or disable speculative "
-                           "decoding." % (_sa(facts, "mem_fraction_static", "?"),
-                                          round(max(0.5, (_sa(facts, "mem_fraction_static") or 0.88) - 0.03), 2)), facts)
-        if where in ("cuda_graph",):
-            return _result("cuda_graph_failed", _evidence(parsed, extra, tb_oom), _remedy_graph(facts), facts)
-        if where in ("weights", "distributed_init", "args"):
-            return _result("weights_oom", _evidence(parsed, extra, tb_oom), _remedy_weights(facts, exc, plan), facts)
-        if where == "kv_pool":
-            return _result("kv_cache_oom", _evidence(parsed, extra, tb_oom), _remedy_kv(facts, plan), facts)
-        if where in ("warmup", "http", "scheduler_ready"):
-            return _result("warmup_failed", _evidence(parsed, extra, tb_oom),
-                           "The server ran out of GPU memory on its first requests: lower --mem-fraction-static (now %s) to leave "
-                           "more for activations, or lower --chunked-prefill-size / --max-running-requests."
-                           % _sa(facts, "mem_fraction_static", "?"), facts)
-        # after ready: a runtime OOM during the gate's own probe
-        return _result("warmup_failed", _evidence(parsed, extra, tb_oom),
-                       "The server became ready and then ran out of GPU memory on a request: lower --mem-fraction-static, "
-                       "--chunked-prefill-size or --max-running-requests.", facts)
-
-    if "bind_error" in ms:
-        e = ms["bind_error"][0]
-        facts["exception"] = e["msg"]
-        port = _sa(facts, "port")
-        if _stage_at(parsed, e["index"]) == "distributed_init":
-            return _result("port_in_use", _evidence(parsed, [e]),
-                           "A port of the distributed init is in use (%s): pass a free --nccl-port (or --dist-init-addr), or stop "
-                           "what listens there (a leftover server of an earlier launch?)." % e["msg"][:200], facts)
-        return _result("port_in_use", _evidence(parsed, [e]),
-                       "The HTTP port%s is already in use; SGLang only finds out after the whole model load. Free the port (find "
-                       "the listener with ss -ltnp) or choose another --port, and check the port before launching."
-                       % ((" %s" % port) if port else ""), facts)
-
-    if "warmup_error" in ms:
-        e = ms["warmup_error"][0]
-        tb = _pick_traceback(parsed, lambda t: t["start"] >= e["index"] - 1)
-        facts["exception"] = _tb_exception(tb) or e["msg"]
-        return _result("warmup_failed", _evidence(parsed, [e], tb),
-                       "SGLang's warmup request failed after the HTTP server started (%s). Look at the exception; for a VLM the "
-                       "warmup sends an image (--disable-fast-image-processor keeps image preprocessing off GPU 0); a 502/503 from a "
-                       "proxy means NO_PROXY must include 127.0.0.1." % facts["exception"], facts)
-
-    # any other exception in this launch
-    tb_any = parsed["tracebacks"][0] if parsed["tracebacks"] else None
-    fatal = exited or "sigquit" in ms or "scheduler_dead" in ms or "init_failed" in ms or "scheduler_exception" in ms
-    if tb_any is not None and fatal:
-        exc = _tb_exception(tb_any)
-        facts["exception"] = exc
-        where = _stage_from_frames(tb_any) or _stage_at(parsed, tb_any["start"])
-        facts["failed_stage"] = where
-        ev = _evidence(parsed, (ms.get("scheduler_exception") or [])[:1] + (ms.get("sigquit") or [])[:1], tb_any)
-        if not facts["gpu_touched_per_log"] and where == "args":
-            return _result("init_failed_before_gpu", ev + _gpu_evidence(gpu_used_mib, gpu_baseline_mib, exit_status),
-                           _remedy_before_gpu(exc, parsed), facts)
-        if where == "distributed_init":
-            return _result("nccl_error", ev, _remedy_nccl(exc, False), facts)
-        if where == "cuda_graph":
-            return _result("cuda_graph_failed", ev, _remedy_graph(facts), facts)
-        if where in ("http", "warmup", "serving"):
-            return _result("warmup_failed", ev, "The server failed after its HTTP server started: %s." % exc, facts)
-        # weights / kv_pool / scheduler_ready, an exception that is not a known signature
-        facts["unclassified"] = True
-        return _result("init_failed_before_gpu" if where == "args" else _unclassified_phase(where), ev,
-                       "The server failed during %s with an exception that is not a memory, NCCL or graph error: %s. "
-                       "Fix what it names (model files, architecture support, flags)." % (where.replace("_", " "), exc), facts)
-
-    if exited and not ready_line:
-        # exited without a traceback
-        facts["failed_stage"] = facts["stage"]
-        ev = _evidence(parsed, (ms.get("killed") or [])[:1] + (ms.get("scheduler_dead") or [])[:1] + (ms.get("sigquit") or [])[:1])
-        if not facts["gpu_touched_per_log"]:
-            return _result("init_failed_before_gpu", ev + parsed["lines"][-3:] + _gpu_evidence(gpu_used_mib, gpu_baseline_mib, exit_status),
-                           _remedy_before_gpu(None, parsed) + " Exit status: %s." % exit_status, facts)
-        if exit_status in (137, -9) or "killed" in ms:
-            hint = " It was SIGKILLed (exit %s): SGLang kills its own tree when a child fails, and the kernel's OOM killer " \
-                   "does the same when host RAM runs out (check dmesg / journalctl -k)." % exit_status
-        else:
-            hint = " Exit status %s." % exit_status
-        if facts["stage"] == "weights":
-            return _result("weights_oom", ev, "The server died while loading the weights without a Python error." + hint
-                           + " Loading with too little host RAM or GPU memory: check memory.", facts)
-        return _result(_unclassified_phase(facts["stage"]), ev,
-                       "The server exited during %s without an exception in the log.%s" % (facts["stage"].replace("_", " "), hint),
-                       facts)
-
-    # ---- alive (or unknown): ready / degenerate / loading / timeout ------------------------
-    health = (http or {}).get("health")
-    models = (http or {}).get("models")
-    expected = (http or {}).get("expected_model")
-    http_ready = health == 200 and (expected is None or models is None or expected in models)
-    if http is not None and health == 200 and expected is not None and models is not None and expected not in models:
-        facts["models"] = models
-    if exited and ready_line:
-        ev = _evidence(parsed, [ready_line])
-        return _result("warmup_failed", ev + parsed["lines"][-3:],
-                       "The server was ready and then exited (exit status %s) without an exception in the log: check the unit's "
-                       "journal and dmesg (OOM killer)." % exit_status, facts)
-    is_ready = bool(ready_line) or http_ready
-    if http is not None and health is not None and health != 200:
-        is_ready = False
-    if is_ready and planned_weights_mib and gpu_used_mib:
-        low = [i for i, u in enumerate(gpu_used_mib) if float(u) < 0.9 * float(planned_weights_mib)]
-        if low:
-            facts["gpus_below_planned_weights"] = low
-            is_ready = False
-    if is_ready:
-        if probe is not None:
-            deg = probe.get("degenerate")
-            reason = probe.get("reason")
-            if deg is None and "text" in probe:
-                res = detect_degenerate(probe.get("text"))
-                deg, reason = res["degenerate"], res["reason"]
-            if deg:
-                facts["probe_reason"] = reason
-                spec = probe.get("speculative") if probe.get("speculative") is not None else bool(_sa(facts, "speculative_algorithm"))
-                ev = ["smoke completion is degenerate (%s): %r" % (reason, (probe.get("text") or "")[:200])]
-                remedy = "The server answers, but the text is degenerate (%s)." % reason
-                if spec:
-                    remedy += (" Speculative decoding is the first suspect: relaunch without --speculative-algorithm / "
-                               "--speculative-num-steps / --speculative-eagle-topk / --speculative-num-draft-tokens and probe again.")
-                remedy += (" Check the SGLang version against the compatibility table (0.5.9 at TP>1 gives wrong output for dense "
-                           "Qwen3.5 models, fixed by PR #19070; 0.5.10.x by PR #22312).")
-                return _result("degenerate_output", ev + _evidence(parsed, [ready_line] if ready_line else []), remedy, facts)
-        ev = _evidence(parsed, [ready_line] if ready_line else [])
-        if http_ready:
-            ev.append("GET /health 200" + ((", /v1/models lists %s" % expected) if expected else ""))
-        return _result("ready", ev, "", facts)
-
-    # not ready yet
-    progress = _progress(parsed, facts, stalled_s, gpu_used_mib, gpu_baseline_mib)
-    facts["progress"] = progress
-    ev = _evidence(parsed)
-    if gpu_used_mib is not None:
-        ev.append("GPU memory used (MiB): %s" % ", ".join(str(int(u)) for u in gpu_used_mib))
-    if timeout_s is not None and elapsed_s is not None and elapsed_s >= timeout_s:
-        stuck = facts.get("stage")
-        remedy = "No readiness within %ss (stage %s, last line: %s)." % (int(round(timeout_s)), stuck, facts.get("last_milestone_line", "?"))
-        if stalled_s is not None and stalled_s < 60:
-            remedy += " It is still progressing (slow load): raise the gate's timeout."
-        elif stuck == "distributed_init":
-            remedy += (" It hangs in distributed init: P2P over PCIe under an IOMMU can hang custom all-reduce/NCCL; pass "
-                       "--disable-custom-all-reduce and set NCCL_P2P_DISABLE=1.")
-        elif stuck == "cuda_graph" and _sa(facts, "enable_torch_compile"):
-            remedy += " torch.compile during graph capture is slow: raise the timeout or drop --enable-torch-compile."
-        elif stuck in ("http", "warmup"):
-            remedy += (" The HTTP server is up but warmup did not finish: check that 127.0.0.1 bypasses any proxy (NO_PROXY) and "
-                       "that the first generation does not hang.")
-        else:
-            remedy += " Neither the log nor GPU memory advanced: the server hangs; stop the unit and look at the last lines."
-        return _result("timeout", ev, remedy, facts)
-    return _result("loading", ev, "Wait: the server is still starting (stage %s)." % facts.get("stage"), facts)
+def _is_consequence(tb):
+    text = " ".join(tb["exceptions"] + tb["tail"])
+    if text:
+        return bool(_CONSEQUENCE_RE.search(text) or re.search(r"Rank \d+ scheduler", text))
+    return any(_CONSEQUENCE_FRAME_RE.search(f) for f in tb["frames"][-3:])
 
 
-def _gpu_evidence(gpu_used_mib, gpu_baseline_mib, exit_status):
-    out = []
-    if gpu_used_mib is not None:
-        base = _at_baseline(gpu_used_mib, gpu_baseline_mib)
-        used = ", ".join(str(int(u)) for u in gpu_used_mib)
-        out.append("GPU memory used (MiB): %s%s" % (used, " (every GPU at baseline)" if base else ""))
-    if exit_status is not None:
-        out.append("exit status: %s" % exit_status)
-    return out
-
-
-def _unclassified_phase(stage):
-    """Phase for a failure that has no specific signature, by the stage it happened in."""
-    return {
-        "args": "init_failed_before_gpu",
-        "distributed_init": "nccl_error",
-        "weights": "init_failed_before_gpu",
-        "kv_pool": "kv_cache_oom",
-        "cuda_graph": "cuda_graph_failed",
-        "scheduler_ready": "warmup_failed",
-        "http": "warmup_failed",
-        "warmup": "warmup_failed",
-        "serving": "warmup_failed",
-    }.get(stage, "init_failed_before_gpu")
+def _root_traceback(parsed, death_index=None):
+    """The traceback that names the cause: a scheduler's own error rather than the main process's report of it
+    (or its exit after reporting a dead scheduler at ``death_index``); a complete one rather than one cut
+    before its exception line."""
+    causes = [t for t in parsed["tracebacks"] if not _is_consequence(t) and (death_index is None or t["start"] < death_index)]
+    complete = [t for t in causes if t["exceptions"]]
+    return (complete or causes or [None])[0]
 
 
 _FRAME_STAGES = [
@@ -1042,16 +830,27 @@ _FRAME_STAGES = [
     ("distributed_init", re.compile(r"init_torch_distributed|initialize_model_parallel|init_distributed_environment|pynccl"
                                     r"|custom_all_reduce")),
     ("warmup", re.compile(r"_wait_and_warmup|_execute_server_warmup|warmup")),
+    ("args", re.compile(r"prepare_server_args|server_args\.py|from_cli_args")),
 ]
+
+
+def _raised_while_importing(tb):
+    """True when the innermost complete frame is a module's top level (an import chain)."""
+    complete = [f for f in tb["frames"] if re.search(r", line \d+, in (?:<module>|[A-Za-z_]\w*)$", f)]
+    return bool(complete) and complete[-1].endswith("in <module>")
 
 
 def _stage_from_frames(tb):
     """The startup stage named by a traceback's frames (innermost known one wins), or None."""
     if not tb or not tb.get("frames"):
         return None
-    for frame in reversed(tb["frames"]):
+    if _raised_while_importing(tb):
+        return "args"   # before any process was spawned
+    # frames and the code lines under them, innermost first: an excerpt cut inside a frame still
+    # shows the call the last complete frame was making ("self.load_model()")
+    for line in reversed(tb.get("calls") or tb["frames"]):
         for stage, rx in _FRAME_STAGES:
-            if rx.search(frame):
+            if rx.search(line):
                 return stage
     return None
 
@@ -1080,6 +879,486 @@ def _in_draft(parsed, index):
         if e["kind"] == "max_total_tokens":
             return False
     return False
+
+
+# --------------------------------------------------------------------------------------------
+# Diagnosis
+# --------------------------------------------------------------------------------------------
+
+class _Launch(object):
+    """One launch's log and what is known of its process, shared by the checks below."""
+
+    def __init__(self, text, gpu_used_mib, gpu_baseline_mib, exit_status, process_alive, plan):
+        self.parsed = parse_log(text)
+        self.ms = self.parsed["milestones"]
+        self.facts = extract_facts(self.parsed)
+        self.facts["exit_status"] = exit_status
+        if gpu_used_mib is not None:
+            self.facts["gpu_used_mib"] = list(gpu_used_mib)
+        if gpu_baseline_mib is not None:
+            self.facts["gpu_baseline_mib"] = list(gpu_baseline_mib)
+        self.gpu_used, self.gpu_baseline, self.exit_status, self.plan = gpu_used_mib, gpu_baseline_mib, exit_status, plan
+        self.exited = (process_alive is False) or (exit_status is not None)
+        self.alive = process_alive
+        self.ready_line = _first(self.ms, "ready")
+        self.death = self._death()
+        if self.death:
+            self.facts["scheduler_rank"], self.facts["scheduler_exit_code"] = self.death[0], self.death[1]
+
+    def _death(self):
+        """(rank, exit code or None, event) of a scheduler the main process reported dead."""
+        e = _first(self.ms, "scheduler_died") or _first(self.ms, "scheduler_dead")
+        if e is None:
+            return None
+        code = e["data"].get("exit_code")
+        if code is None:
+            later = [x for x in self.ms.get("exit_code") or [] if x["index"] > e["index"]]
+            code = later[0]["data"]["exit_code"] if later else None
+        return e["data"]["rank"], code, e
+
+    def marked_fatal(self):
+        return self.exited or any(k in self.ms for k in _FATAL_MARKERS)
+
+    def result(self, phase, extra=(), tb=None, remedy="", gpu=False):
+        ev = _evidence(self.parsed, [e for e in extra if e], tb)
+        if gpu:
+            ev += _gpu_evidence(self.gpu_used, self.gpu_baseline, self.exit_status)
+        return _result(phase, ev, remedy, self.facts)
+
+
+def _driver_failure(L):
+    e = _first(L.ms, "driver_mismatch")
+    if e is None:
+        return None
+    return L.result("version_mismatch", [e], remedy="The NVIDIA userspace in the container does not match the host's kernel "
+                    "module: install the same version with --no-kernel-modules (kpro.gpu_serving.nvidia_driver mode=userspace).")
+
+
+def _argparse_failure(L):
+    e = _first(L.ms, "argparse_error") or _first(L.ms, "argparse_usage")
+    if e is None:
+        return None
+    L.facts.update({"failure": "argparse", "failed_stage": "args", "exception": e["msg"]})
+    shown = e["msg"] if e["kind"] == "argparse_error" else "argparse printed its usage (the error line is not in the log)"
+    return L.result("not_started", [e], gpu=True, remedy=(
+        "SGLang rejected its command line before starting anything (%s). Fix the flag in the server options the unit's "
+        "ExecStart is built from: use the spelling `python -m sglang.launch_server --help` lists for this version "
+        "(dashes, not underscores)." % shown))
+
+
+def _nccl_failure(L):
+    if "nccl" not in L.ms and "p2p" not in L.ms:
+        return None
+    e = (L.ms.get("nccl") or L.ms.get("p2p"))[0]
+    tb = _pick_traceback(L.parsed, lambda t: any(re.search(r"NCCL|nccl|peer access|DistBackend", x) for x in t["exceptions"]))
+    # NCCL warnings alone (NCCL_DEBUG=INFO/WARN output) are not fatal while the server goes on
+    hard = [x for x in (L.ms.get("nccl") or []) + (L.ms.get("p2p") or []) if "NCCL WARN" not in x["msg"] and " NCCL INFO " not in x["msg"]]
+    if not (L.exited or tb or (hard and not L.ready_line)):
+        return None
+    exc = _tb_exception(tb) or (hard[0]["msg"] if hard else e["msg"])
+    L.facts["exception"] = exc
+    return L.result("nccl_error", [hard[0] if hard else e], tb, _remedy_nccl(exc, "p2p" in L.ms))
+
+
+def _graph_failure(L):
+    e = _first(L.ms, "graph_failed")
+    if e is None:
+        return None
+    tb = _pick_traceback(L.parsed, lambda t: any("graph failed" in x for x in t["exceptions"]))
+    L.facts["exception"] = _tb_exception(tb) or e["msg"]
+    return L.result("cuda_graph_failed", [e], tb, _remedy_graph(L.facts))
+
+
+def _kv_failure(L):
+    negative = [e for e in L.ms.get("profiled_negative") or [] if e["data"].get("profiled", 1) <= 0]
+    found = L.ms.get("not_enough_memory") or L.ms.get("pool_too_small") or negative
+    if not found:
+        return None
+    e = found[0]
+    tb = _pick_traceback(L.parsed, lambda t: any(re.search(r"Not enough memory|pool size is too small|max_running_request is zero|"
+                                                           r"no GPU memory for the KV cache", x) for x in t["exceptions"]))
+    mfm = re.search(r"mem_fraction_static=([\d.]+)", e["msg"] + " " + (_tb_exception(tb) or ""))
+    if mfm and "server_args" not in L.facts:
+        L.facts["server_args"] = {"mem_fraction_static": float(mfm.group(1))}
+    L.facts["exception"] = _tb_exception(tb) or e["msg"]
+    return L.result("kv_cache_oom", [e] + (L.ms.get("profiled_negative") or [])[:1], tb, _remedy_kv(L.facts, L.plan))
+
+
+def _oom_failure(L):
+    tb = _pick_traceback(L.parsed, lambda t: any(re.search(r"out of memory|OutOfMemoryError", x) for x in t["exceptions"] + t["tail"]))
+    e = _first(L.ms, "cuda_oom")
+    if tb is None and e is None:
+        return None
+    exc = _tb_exception(tb) or (e["msg"] if e else "CUDA out of memory")
+    L.facts["exception"] = exc
+    index = tb["start"] if tb else e["index"]
+    where = _stage_from_frames(tb) or _stage_at(L.parsed, index)
+    L.facts["oom_stage"] = where
+    extra = [e] if e else []
+    mf = _sa(L.facts, "mem_fraction_static")
+    if _in_draft(L.parsed, index) and where in ("weights", "kv_pool", "cuda_graph", "distributed_init"):
+        L.facts["oom_in_draft_model"] = True
+        return L.result("kv_cache_oom", extra, tb, (
+            "CUDA ran out of memory while setting up the speculative draft model, which SGLang allocates from the "
+            "(1 - mem_fraction_static) reserve after the target's KV pool: lower --mem-fraction-static (now %s, e.g. %s) so the "
+            "reserve grows, or lower --max-running-requests / --context-length, or disable speculative decoding."
+            % (mf if mf is not None else "?", round(max(0.5, (mf or 0.88) - 0.03), 2))))
+    if where == "cuda_graph":
+        return L.result("cuda_graph_failed", extra, tb, _remedy_graph(L.facts))
+    if where == "kv_pool":
+        return L.result("kv_cache_oom", extra, tb, _remedy_kv(L.facts, L.plan))
+    if where in ("weights", "distributed_init", "args"):
+        return L.result("weights_oom", extra, tb, _remedy_weights(L.facts, exc, L.plan))
+    when = "on its first requests" if where in ("warmup", "http", "scheduler_ready") else "after it became ready, on a request"
+    return L.result("warmup_failed", extra, tb, (
+        "The server ran out of GPU memory %s: lower --mem-fraction-static (now %s) to leave more for activations, or lower "
+        "--chunked-prefill-size / --max-running-requests." % (when, mf if mf is not None else "?")))
+
+
+def _port_failure(L):
+    e = _first(L.ms, "bind_error")
+    if e is None:
+        return None
+    L.facts["exception"] = e["msg"]
+    port = _sa(L.facts, "port")
+    if _stage_at(L.parsed, e["index"]) == "distributed_init":
+        remedy = ("A port of the distributed init is in use (%s): pass a free --nccl-port (or --dist-init-addr), or stop what "
+                  "listens there (a leftover server of an earlier launch?)." % e["msg"][:200])
+    elif "ZMQ" in e["msg"] or "zmq" in e["msg"]:
+        remedy = ("A ZeroMQ socket of SGLang could not bind: %s. Another server (a leftover of an earlier launch, or a second "
+                  "instance) holds that port: stop it (find it with ss -ltnp) or give this one other ports (--port, and the "
+                  "kv-events / disaggregation / metrics ports in the options)." % e["msg"][:200])
+    else:
+        remedy = ("The HTTP port%s is already in use; SGLang only finds out after the whole model load. Free the port (find the "
+                  "listener with ss -ltnp) or choose another --port, and check the port before launching."
+                  % ((" %s" % port) if port else ""))
+    return L.result("port_in_use", [e], remedy=remedy)
+
+
+def _warmup_failure(L):
+    e = _first(L.ms, "warmup_error") or _first(L.ms, "app_startup_failed")
+    if e is None:
+        return None
+    tb = _pick_traceback(L.parsed, lambda t: t["start"] >= e["index"] - 1) or _pick_traceback(L.parsed)
+    L.facts["exception"] = _tb_exception(tb) or e["msg"]
+    return L.result("warmup_failed", [e], tb, (
+        "The server failed after its HTTP server started (%s). Look at the exception; for a VLM the warmup sends an image "
+        "(--disable-fast-image-processor keeps image preprocessing off GPU 0); a 502/503 from a proxy means NO_PROXY must "
+        "include 127.0.0.1." % L.facts["exception"]))
+
+
+def _fatal_traceback(L):
+    """The traceback that ended this launch, or None: one the startup went on past, a runtime error after
+    ready, or one just printed by a process that is still alive and has not reported a failure."""
+    tb = _root_traceback(L.parsed, L.death[2]["index"] if L.death else None)
+    if tb is None:
+        return None
+    if L.ready_line is not None and L.ready_line["index"] < tb["start"] and not L.exited:
+        return None
+    marked = L.marked_fatal()
+    later = [e for e in L.parsed["events"] if e["index"] > tb["end"] and _STAGE_OF_MILESTONE.get(e["kind"])]
+    if later and not marked:
+        return None
+    if L.alive and not marked:
+        return None
+    return tb
+
+
+def _traceback_failure(L):
+    tb = _fatal_traceback(L)
+    if tb is None:
+        return None
+    exc = _tb_exception(tb)
+    stage = _stage_from_frames(tb) or _stage_at(L.parsed, tb["start"])
+    if L.ready_line is not None and L.ready_line["index"] < tb["start"]:
+        stage = "serving"
+    L.facts.update({"exception": exc, "failed_stage": stage})
+    extra = (L.ms.get("scheduler_exception") or [])[:1] + (L.ms.get("sigquit") or [])[:1]
+    if L.death:
+        extra.append(L.death[2])
+    return _failure_by_stage(L, stage, exc, extra, tb)
+
+
+def _failure_by_stage(L, stage, exc, extra, tb=None):
+    """A failure without a memory, NCCL, graph, port or warmup signature, named by where the startup stopped."""
+    shown = exc or "its exception line is not in this log"
+    if stage == "cuda_graph":
+        L.facts["failure"] = "graph_capture_failed"
+        return L.result("cuda_graph_failed", extra, tb, _remedy_graph(L.facts) + " The error during capture: %s." % shown)
+    if stage in ("http", "warmup", "serving"):
+        L.facts["failure"] = "failed_after_http_start"
+        return L.result("warmup_failed", extra, tb, "The server failed after its HTTP server started: %s." % shown)
+    if stage == "distributed_init":
+        L.facts["failure"] = "distributed_init_failed"
+        return L.result("nccl_error", extra, tb, _remedy_nccl(exc, False))
+    kind = _exception_kind(exc)
+    if kind == "invalid_configuration" and stage != "args":
+        kind = None     # a TypeError / ValueError / AssertionError past the arguments: the stage says more
+    if kind is None and stage == "args" and tb is not None and _raised_while_importing(tb):
+        kind = "import_error"   # whatever was raised while importing SGLang's modules, the import failed
+    L.facts["failure"] = kind or {"weights": "weights_load_failed", "kv_pool": "kv_pool_failed",
+                                  "scheduler_ready": "scheduler_init_failed"}.get(stage, "init_failed")
+    remedy = _remedy_init(L, kind, stage, shown)
+    if not L.facts["gpu_touched_per_log"] and stage == "args":
+        remedy = ("The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.' in "
+                  "this launch's log). " + remedy)
+    return L.result("init_failed_before_gpu", extra, tb, remedy, gpu=True)
+
+
+def _remedy_init(L, kind, stage, shown):
+    if kind == "unsupported_architecture":
+        return ("This SGLang version does not support the model's architecture (%s): use an SGLang version that does (see the "
+                "compatibility table) or --model-impl transformers." % shown)
+    if kind == "import_error":
+        return ("SGLang could not import its own modules (%s): a compiled extension does not match the installed torch / CUDA / "
+                "driver. Reinstall the venv from the lock file (sgl-kernel, flashinfer and torch as pinned) instead of "
+                "upgrading one package." % shown)
+    if kind == "nvidia_smi_missing":
+        return ("nvidia-smi is missing in the container (%s): install the driver userspace (nvidia_driver mode=userspace)."
+                % shown)
+    if kind == "model_files":
+        return ("The model or tokenizer files could not be read (%s): point --model-path at the complete local snapshot "
+                "(hf_model verifies it) and set HF_HUB_OFFLINE=1 so nothing is fetched at start." % shown)
+    if kind == "invalid_configuration" and stage in ("args", None):
+        return ("SGLang refused its configuration before loading the weights (%s): change the option the message names in the "
+                "server options." % shown)
+    if stage == "weights":
+        return ("Loading the weights failed, and not for lack of memory (%s): check that the checkpoint is complete and is the "
+                "revision the options expect (sizes verified by hf_model), and that --quantization / --dtype match it."
+                % shown)
+    if stage == "kv_pool":
+        return ("Building the KV cache pool failed with an error that is not out of memory (%s): an unsupported combination of "
+                "--kv-cache-dtype, --attention-backend and this model on this GPU; change one of them or the SGLang version."
+                % shown)
+    where = {"args": "before loading the weights", "scheduler_ready": "after the model was loaded, while the scheduler "
+             "finished its set-up"}.get(stage, "during initialisation")
+    return "The server failed %s: %s. Fix what the exception names (model files, architecture support, flags)." % (where, shown)
+
+
+def _death_failure(L):
+    """A scheduler reported dead with no error of its own in the log: its exit code is the evidence."""
+    if not L.death:
+        return None
+    rank, code, e = L.death
+    stage = _stage_at(L.parsed, e["index"])
+    tb = _pick_traceback(L.parsed, lambda t: t["start"] >= e["index"] - 1)
+    L.facts.update({"failed_stage": stage, "exception": _tb_exception(tb) or e["msg"]})
+    signal = _SIGNALS.get(-code) if code is not None and code < 0 else None
+    said = "Rank %s's scheduler died during initialisation (exit code %s%s)" % (rank, code if code is not None else "not in the log",
+                                                                               ", %s" % signal if signal else "")
+    if code == -9:
+        L.facts["failure"] = "scheduler_killed"
+        phase = "weights_oom" if stage in ("args", "distributed_init", "weights") else _failure_by_stage(L, stage, None, [e])["phase"]
+        return L.result(phase, [e], tb, (
+            "%s, %s. A SIGKILL there is most often the host's OOM killer (host RAM, not GPU memory: loading reads "
+            "the checkpoint through RAM): check `dmesg -T | grep -i oom` (or journalctl -k) on the Proxmox host, then give the "
+            "container more memory or load with fewer threads." % (said, _stage_words(stage))))
+    res = _failure_by_stage(L, stage, None, [e], tb)
+    res["remedy"] = "%s. Its own error is not in this log: look at the rank's lines above it. %s" % (said, res["remedy"])
+    L.facts["failure"] = "scheduler_exited"
+    return res
+
+
+def _stage_words(stage):
+    if stage == "args":
+        return "before any start-up milestone in this log"
+    return "during " + stage.replace("_", " ")
+
+
+def _exit_failure(L):
+    """The launch ended (process state, or a Killed / sigquit line) without an error line of its own."""
+    ms = L.ms
+    ended = L.exited or any(k in ms for k in ("killed", "sigquit", "init_failed", "scheduler_exception"))
+    if not ended or (L.ready_line and not L.exited):
+        return None
+    stage = L.facts["stage"]
+    L.facts["failed_stage"] = stage
+    extra = (ms.get("killed") or [])[:1] + (ms.get("sigquit") or [])[:1] + (ms.get("init_failed") or [])[:1]
+    if L.ready_line:
+        return L.result("warmup_failed", [L.ready_line] + extra, remedy=(
+            "The server was ready and then exited (exit status %s) without an exception in the log: check the unit's journal "
+            "and dmesg (OOM killer)." % L.exit_status))
+    if not L.facts["gpu_touched_per_log"]:
+        L.facts["failure"] = "init_failed"
+        return L.result("init_failed_before_gpu", extra, gpu=True, remedy=(
+            "The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.' in this "
+            "launch's log) and without an exception in the log; see the unit's journal. Exit status: %s." % L.exit_status))
+    killed = L.exit_status in (137, -9) or "killed" in ms
+    hint = (" It was SIGKILLed (exit %s): SGLang kills its own tree when a child fails, and the host's OOM killer does the same "
+            "when RAM runs out (check dmesg -T | grep -i oom / journalctl -k)." % (L.exit_status or "Killed")) if killed else \
+        " Exit status %s." % L.exit_status
+    if stage == "weights":
+        return L.result("weights_oom", extra, remedy="The server died while loading the weights without a Python error." + hint
+                        + " Loading with too little host RAM or GPU memory: check memory.")
+    res = _failure_by_stage(L, stage, None, extra)
+    res["remedy"] = "The server exited during %s without an exception in the log.%s %s" % (stage.replace("_", " "), hint, res["remedy"])
+    return res
+
+
+_FAILURE_CHECKS = (_driver_failure, _argparse_failure, _nccl_failure, _graph_failure, _kv_failure, _oom_failure, _port_failure,
+                   _warmup_failure, _traceback_failure, _death_failure, _exit_failure)
+
+
+def _pre_launch(compat, driver, foreign_processes):
+    """The phases the gate checks before a launch: compatibility table, driver versions, foreign GPU memory."""
+    if compat and compat.get("action") == "refuse":
+        return _result("known_bad_version", [compat.get("message", "")] + [r.get("reason", "") for r in compat.get("rules", [])],
+                       compat.get("remedy") or compat.get("message", ""), {"compat": compat})
+    if driver and driver.get("kernel") and driver.get("library") and str(driver["kernel"]) != str(driver["library"]):
+        return _result("version_mismatch", ["kernel module %s, userspace library %s" % (driver["kernel"], driver["library"])],
+                       "Install the NVIDIA userspace of exactly version %s (the host's kernel module) in the container with "
+                       "--no-kernel-modules (kpro.gpu_serving.nvidia_driver mode=userspace)." % driver["kernel"],
+                       {"driver": driver})
+    foreign = [p for p in (foreign_processes or []) if not p.get("ours")]
+    if foreign:
+        ev = ["PID %s %s holds %s MiB on GPU %s" % (p.get("pid"), p.get("name") or "?", p.get("used_mib", "?"), p.get("gpu", "?"))
+              for p in foreign]
+        return _result("gpu_memory_held", ev,
+                       "GPU memory is held by processes that are not this unit's: stop them (or wait until NVML shows the memory "
+                       "released); only processes of our own unit are ended automatically, never by name.",
+                       {"foreign_processes": foreign})
+    return None
+
+
+def _no_log(text, launch_id, exit_status, process_alive):
+    facts = {"log_lines": 0, "launch_id": launch_id, "exit_status": exit_status}
+    if process_alive:
+        return _result("loading", ["no log lines yet for this launch"], "Wait: the process is alive and has not logged yet.", facts)
+    return _result("not_started", ["no log for this launch" if text is None else "the log of this launch is empty"],
+                   "The server did not start: check the unit (systemctl status, journalctl -u) and its ExecStart; "
+                   "the log of this launch has no lines.", facts)
+
+
+def _probe_result(L, probe):
+    """degenerate_output for a smoke completion that is garbage, else None."""
+    deg, reason = probe.get("degenerate"), probe.get("reason")
+    if deg is None and "text" in probe:
+        res = detect_degenerate(probe.get("text"))
+        deg, reason = res["degenerate"], res["reason"]
+    if not deg:
+        return None
+    L.facts["probe_reason"] = reason
+    spec = probe.get("speculative") if probe.get("speculative") is not None else bool(_sa(L.facts, "speculative_algorithm"))
+    remedy = "The server answers, but the text is degenerate (%s)." % reason
+    if spec:
+        remedy += (" Speculative decoding is the first suspect: relaunch without --speculative-algorithm / --speculative-num-steps "
+                   "/ --speculative-eagle-topk / --speculative-num-draft-tokens and probe again.")
+    remedy += (" Check the SGLang version against the compatibility table (0.5.9 at TP>1 gives wrong output for dense Qwen3.5 "
+               "models, fixed by PR #19070; 0.5.10.x by PR #22312).")
+    res = L.result("degenerate_output", [L.ready_line], remedy=remedy)
+    res["evidence"].insert(0, "smoke completion is degenerate (%s): %r" % (reason, (probe.get("text") or "")[:200]))
+    return res
+
+
+def _is_ready(L, http, planned_weights_mib):
+    health = (http or {}).get("health")
+    models = (http or {}).get("models")
+    expected = (http or {}).get("expected_model")
+    http_ready = health == 200 and (expected is None or models is None or expected in models)
+    if http is not None and health == 200 and expected is not None and models is not None and expected not in models:
+        L.facts["models"] = models
+    ready = bool(L.ready_line) or http_ready
+    if http is not None and health is not None and health != 200:
+        ready = False
+    if ready and planned_weights_mib and L.gpu_used:
+        low = [i for i, u in enumerate(L.gpu_used) if float(u) < 0.9 * float(planned_weights_mib)]
+        if low:
+            L.facts["gpus_below_planned_weights"] = low
+            ready = False
+    return ready, http_ready, expected
+
+
+def _timeout_remedy(L, timeout_s, stalled_s):
+    stuck = L.facts.get("stage")
+    remedy = "No readiness within %ss (stage %s, last line: %s)." % (int(round(timeout_s)), stuck, L.facts.get("last_milestone_line", "?"))
+    if stalled_s is not None and stalled_s < 60:
+        return remedy + " It is still progressing (slow load): raise the gate's timeout."
+    if stuck == "distributed_init":
+        return remedy + (" It hangs in distributed init: P2P over PCIe under an IOMMU can hang custom all-reduce/NCCL; pass "
+                         "--disable-custom-all-reduce and set NCCL_P2P_DISABLE=1.")
+    if stuck == "cuda_graph":
+        return remedy + (" It hangs in CUDA graph capture: drop --enable-torch-compile if set, try --disable-custom-all-reduce "
+                         "(an error inside capture with custom all-reduce can hang instead of failing), or --disable-cuda-graph.")
+    if stuck in ("http", "warmup"):
+        return remedy + (" The HTTP server is up but warmup did not finish: check that 127.0.0.1 bypasses any proxy (NO_PROXY) "
+                         "and that the first generation does not hang.")
+    return remedy + " Neither the log nor GPU memory advanced: the server hangs; stop the unit and look at the last lines."
+
+
+def _running(L, planned_weights_mib, http, probe, elapsed_s, timeout_s, stalled_s):
+    """No failure in the log: ready (maybe with degenerate output), still loading, or out of time."""
+    ready, http_ready, expected = _is_ready(L, http, planned_weights_mib)
+    if ready:
+        if probe is not None:
+            res = _probe_result(L, probe)
+            if res is not None:
+                return res
+        res = L.result("ready", [L.ready_line])
+        if http_ready:
+            res["evidence"].append("GET /health 200" + ((", /v1/models lists %s" % expected) if expected else ""))
+        return res
+    L.facts["progress"] = {"stage": L.facts.get("stage"), "last_milestone": L.facts.get("last_milestone"), "stalled_s": stalled_s,
+                           "gpu_above_baseline": (not _at_baseline(L.gpu_used, L.gpu_baseline)) if L.gpu_used is not None else None}
+    res = L.result("loading")
+    if L.gpu_used is not None:
+        res["evidence"].append("GPU memory used (MiB): %s" % ", ".join(str(int(u)) for u in L.gpu_used))
+    if timeout_s is not None and elapsed_s is not None and elapsed_s >= timeout_s:
+        res.update(phase="timeout", remedy=_timeout_remedy(L, timeout_s, stalled_s))
+        return res
+    res["remedy"] = "Wait: the server is still starting (stage %s)." % L.facts.get("stage")
+    return res
+
+
+def diagnose(log_text, gpu_used_mib=None, gpu_baseline_mib=None, exit_status=None, process_alive=None, planned_weights_mib=None,
+             http=None, probe=None, launch_id=None, elapsed_s=None, timeout_s=None, stalled_s=None, foreign_processes=None,
+             driver=None, compat=None, plan=None):
+    """Name the phase of one launch of the SGLang server, with evidence and remedy.
+
+    Arguments (all optional except ``log_text``):
+      log_text: the log of *this* launch (None: no log at all). With ``launch_id`` the text is first
+        narrowed with :func:`select_launch`; a log without that launch's header counts as no log.
+      gpu_used_mib / gpu_baseline_mib: per-GPU NVML memory.used now and before the launch.
+      exit_status: the main process's exit code (137 / -9 = SIGKILL, what a failed startup ends with);
+        None while running or unknown.
+      process_alive: whether the main process (or the unit) is alive; None when unknown, in which
+        case the log alone decides (a traceback, an argparse error or a dead scheduler ends a launch).
+      planned_weights_mib: the plan's weights per GPU; readiness requires every GPU to hold at least 90 %.
+      http: dict(health=<status or None when refused>, models=[ids], expected_model=<id>).
+      probe: dict(text=<smoke completion>, speculative=<bool>) or dict(degenerate=<bool>, reason=...).
+      elapsed_s / timeout_s / stalled_s: time since launch, the budget, seconds since log or memory last advanced.
+      foreign_processes: list of dict(pid, name, used_mib, ours) holding GPU memory before the launch.
+      driver: dict(kernel=<version>, library=<version>) from /proc/driver/nvidia/version and NVML.
+      compat: the result of compat.check() (action refuse -> known_bad_version).
+      plan: the result of sglang_plan.plan(), used for numbers in remedies.
+
+    Returns dict(phase, evidence: [str], remedy: str, facts: dict). Failures also set
+    ``facts["failed_stage"]`` (where the startup stopped) and, when the phase alone does not say
+    it, ``facts["failure"]`` (argparse, unsupported_architecture, import_error, invalid_configuration,
+    weights_load_failed, kv_pool_failed, scheduler_killed, scheduler_exited, ...).
+    """
+    pre = _pre_launch(compat, driver, foreign_processes)
+    if pre is not None:
+        return pre
+    text = select_launch(log_text, launch_id) if log_text is not None else None
+    if text is None or not text.strip():
+        return _no_log(text, launch_id, exit_status, process_alive)
+    L = _Launch(text, gpu_used_mib, gpu_baseline_mib, exit_status, process_alive, plan)
+    for check in _FAILURE_CHECKS:
+        res = check(L)
+        if res is not None:
+            return res
+    return _running(L, planned_weights_mib, http, probe, elapsed_s, timeout_s, stalled_s)
+
+
+def _gpu_evidence(gpu_used_mib, gpu_baseline_mib, exit_status):
+    out = []
+    if gpu_used_mib is not None:
+        base = _at_baseline(gpu_used_mib, gpu_baseline_mib)
+        used = ", ".join(str(int(u)) for u in gpu_used_mib)
+        out.append("GPU memory used (MiB): %s%s" % (used, " (every GPU at baseline)" if base else ""))
+    if exit_status is not None:
+        out.append("exit status: %s" % exit_status)
+    return out
 
 
 def _result(phase, evidence, remedy, facts):

@@ -20,6 +20,9 @@ description:
   - "With O(launch_id), only the part of the log under the header line C(# kpro-launch-id: <launch_id>) is
     read, so an older launch's error can never be taken for this one's; a log without that header counts
     as no log (V(not_started))."
+  - "Given only the log (no O(exit_status), O(process_alive) or GPU numbers), the log decides: a traceback at the end,
+    an argparse error or a scheduler reported dead ends the launch, and the phase follows from where the startup
+    stopped and what was raised. Published or cut logs (a missing head or tail) are read the same way."
   - Only reads; never changes anything on the target.
 author:
   - kpro.gpu_serving contributors (!UNKNOWN)
@@ -121,6 +124,11 @@ facts:
       C(avail_after_weights_gib), C(max_mamba_cache_size), C(max_total_num_tokens), C(context_len), C(time_to_ready_s),
       C(load_weights_s), C(stage) (how far startup got), C(last_milestone), C(exception), C(server_args) (the resolved
       values of the C(server_args=) line), C(ranks_seen), C(log_lines)."
+    - "On a failure also C(failed_stage) (where the startup stopped) and, where the phase alone does not say it,
+      C(failure): V(argparse), V(import_error), V(unsupported_architecture), V(invalid_configuration), V(model_files),
+      V(weights_load_failed), V(kv_pool_failed), V(scheduler_init_failed), V(graph_capture_failed),
+      V(distributed_init_failed), V(scheduler_killed), V(scheduler_exited); for a dead scheduler
+      C(scheduler_rank) and C(scheduler_exit_code)."
   returned: always
   type: dict
   sample: {"kv_tokens": 398784, "weights_gib": 26.5, "stage": "serving", "time_to_ready_s": 114.0}

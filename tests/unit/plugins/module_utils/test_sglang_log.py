@@ -24,25 +24,50 @@ def header(text, key):
 
 FIXTURES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(FIX, "*.log")))
 REAL = [f for f in FIXTURES if not f.startswith("synthetic_")]
+FAILURES = [f for f in REAL if header(read(f), "expected_phase").split()[0] not in ("ready", "loading", "timeout")]
 
 
-def test_there_are_real_logs_for_each_failure_signature():
-    phases = set(header(read(f), "expected_phase").split()[0] for f in REAL)
-    assert {"nccl_error", "cuda_graph_failed", "kv_cache_oom", "weights_oom", "warmup_failed", "port_in_use"} <= phases
+def body(text):
+    """The log under a fixture's header (the leading '# key: value' lines)."""
+    lines = text.splitlines()
+    n = 0
+    while n < len(lines) and lines[n].startswith("# "):
+        n += 1
+    return lines[n:]
+
+
+def expected_of(name):
+    return header(read(name), "expected_phase").split()[0]
+
+
+def evidence_of(name):
+    return re.findall(r"^# evidence: (.*)$", read(name), re.M)
+
+
+def test_there_are_enough_real_logs_for_each_phase_found():
+    assert len(REAL) >= 30
+    phases = set(expected_of(f) for f in REAL)
+    assert {"not_started", "init_failed_before_gpu", "weights_oom", "kv_cache_oom", "nccl_error", "cuda_graph_failed",
+            "port_in_use", "warmup_failed", "loading", "ready", "timeout"} <= phases
 
 
 @pytest.mark.parametrize("name", REAL)
-def test_real_logs_name_their_source(name):
+def test_real_logs_name_their_source_and_evidence(name):
     text = read(name)
-    assert re.match(r"https://github\.com/[\w.-]+/[\w.-]+/issues/\d+", header(text, "source"))
+    assert re.match(r"https://github\.com/[\w.-]+/[\w.-]+/(issues/\d+|pull/\d+|blob/[0-9a-f]{40}/\S+) \(", header(text, "source"))
+    assert header(text, "note")
+    for ev in evidence_of(name):
+        assert any(ev in line for line in body(text)), ev
 
 
 @pytest.mark.parametrize("name", [f for f in FIXTURES if f != "synthetic_two_launches.log"])
 def test_fixture_gets_its_expected_phase(name):
     text = read(name)
-    expected = header(text, "expected_phase").split()[0]
+    expected = expected_of(name)
     if expected in ("ready", "loading"):
         res = sl.diagnose(text, process_alive=True)
+    elif expected == "timeout":
+        res = sl.diagnose(text, process_alive=True, elapsed_s=1200, timeout_s=900, stalled_s=600)
     else:
         # a failed SGLang startup ends with the main process SIGKILLed by its own tree kill
         res = sl.diagnose(text, exit_status=137, process_alive=False, gpu_used_mib=[0, 0], gpu_baseline_mib=[0, 0])
@@ -55,6 +80,39 @@ def test_fixture_gets_its_expected_phase(name):
     lines = set(text.splitlines())
     for ev in res["evidence"]:
         assert ev in lines or ev.startswith(("GPU memory", "exit status", "...")) or "... (" in ev
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_the_log_alone_names_the_phase(name):
+    # sglang_diagnose given only a log file: no process state, no GPU numbers
+    expected = expected_of(name)
+    res = sl.diagnose(read(name))
+    assert res["phase"] == ("loading" if expected == "timeout" else expected), (res["phase"], res["remedy"])
+
+
+def _cuts(lines):
+    for n in (1, 2, 3, 5, 8, 13, 21, 34, 55):
+        if n < len(lines):
+            yield "head", n, lines[n:]
+            yield "tail", n, lines[:-n]
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_excerpts_cut_at_either_end_keep_their_phase(name):
+    # published logs are excerpts: while the lines that decide the phase are there, a missing head
+    # or tail changes nothing; a failure stays a failure while any error line is left
+    expected = expected_of(name)
+    keys = evidence_of(name)
+    for end, n, lines in _cuts(body(read(name))):
+        text = "\n".join(lines) + "\n"
+        res = sl.diagnose(text)
+        if all(any(k in line for line in lines) for k in keys):
+            assert res["phase"] == ("loading" if expected == "timeout" else expected), (end, n, res["phase"])
+        elif expected in FAILURE_PHASES and re.search(r"Traceback|^\S*(Error|Exception)\b|error: |scheduler (is dead|died)", text, re.M):
+            assert res["phase"] != "loading", (end, n, res["evidence"])
+
+
+FAILURE_PHASES = set(p for p in sl.PHASES if p not in ("ready", "loading", "timeout"))
 
 
 def test_signatures_do_not_need_the_exit_status():
@@ -247,12 +305,15 @@ def test_init_failed_before_gpu_gives_this_launchs_exception():
     assert sl.diagnose(text, process_alive=True)["phase"] == "loading"
 
 
-def test_init_failed_before_gpu_argparse():
+def test_argparse_error_is_not_started():
+    # argparse rejects the command line before SGLang starts anything
     text = ("usage: launch_server.py [-h] --model-path MODEL_PATH\n"
             "launch_server.py: error: unrecognized arguments: --tp 2 --speculative-algo NEXTN\n")
-    res = sl.diagnose(text, exit_status=2, gpu_used_mib=[0, 0])
-    assert res["phase"] == "init_failed_before_gpu"
-    assert "ExecStart" in res["remedy"]
+    for kw in ({"exit_status": 2, "gpu_used_mib": [0, 0]}, {}):
+        res = sl.diagnose(text, **kw)
+        assert res["phase"] == "not_started"
+        assert res["facts"]["failure"] == "argparse"
+        assert "ExecStart" in res["remedy"] and "--speculative-algo NEXTN" in res["remedy"]
 
 
 def test_weights_oom_names_other_processes():
@@ -343,3 +404,118 @@ def test_pre_launch_phases():
 
 def test_every_phase_of_the_vocabulary_is_reachable_in_these_tests():
     assert len(sl.PHASES) == 15 and len(set(sl.PHASES)) == 15
+
+
+# --- failures named from the log alone (structure: where the startup stopped, what was raised) ---
+
+# 0.5.11's wording, from sglang/srt/entrypoints/engine.py (_scheduler_died_error):
+#   f"Rank {rank} scheduler died during initialization (exit code: {proc.exitcode}). "
+#   f"If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check."
+def _died(code, rank=0):
+    return ("RuntimeError: Rank %d scheduler died during initialization (exit code: %d). If exit code is -9 (SIGKILL), a common "
+            "cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.\n" % (rank, code))
+
+
+def _loading_until(marker):
+    lines = read("synthetic_ready_tp2_nextn.log").splitlines()
+    return "\n".join(lines[:next(i for i, l in enumerate(lines) if marker in l)]) + "\n"
+
+
+def test_scheduler_killed_names_the_host_oom_killer():
+    text = _loading_until("Load weight end") + _died(-9, rank=1)
+    res = sl.diagnose(text)
+    assert res["phase"] == "weights_oom"
+    assert res["facts"]["scheduler_exit_code"] == -9 and res["facts"]["failure"] == "scheduler_killed"
+    assert "OOM killer" in res["remedy"] and "dmesg -T | grep -i oom" in res["remedy"] and "Rank 1" in res["remedy"]
+
+
+def test_scheduler_death_reports_other_exit_codes():
+    text = _loading_until("Capture cuda graph end") + _died(-6)
+    res = sl.diagnose(text)
+    assert res["facts"]["scheduler_exit_code"] == -6 and "exit code -6, SIGABRT" in res["remedy"]
+    assert res["phase"] == "cuda_graph_failed" and "OOM killer" not in res["remedy"]
+    # 0.5.9 wrote it on two lines
+    res = sl.diagnose(_loading_until("Load weight end") + "[2026-03-01 10:00:50] Rank 0 scheduler is dead. Please check if "
+                      "there are relevant logs.\n[2026-03-01 10:00:51] Exit code: 1\n")
+    assert res["facts"]["scheduler_exit_code"] == 1 and "exit code 1" in res["remedy"] and res["phase"] != "loading"
+
+
+def test_the_cause_wins_over_the_report_of_a_dead_scheduler():
+    text = read("init_failed_before_gpu_sglang_25118.log")
+    res = sl.diagnose(text)
+    assert res["facts"]["failure"] == "kv_pool_failed" and res["facts"]["scheduler_exit_code"] == -3
+    assert "not out of memory" in res["remedy"]
+
+
+def test_zmq_address_in_use_after_the_weights_loaded_is_port_in_use():
+    text = (_loading_until("KV Cache is allocated")
+            + "[2026-03-01 10:01:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+            '  File "/x/sglang/srt/utils/network.py", line 210, in get_zmq_socket_on_host\n'
+            "    socket.bind(endpoint)\n"
+            "zmq.error.ZMQError: Address already in use (addr='tcp://*:32765')\n" + _died(-3))
+    res = sl.diagnose(text)
+    assert res["phase"] == "port_in_use" and "ZeroMQ" in res["remedy"] and "ss -ltnp" in res["remedy"]
+
+
+def _scheduler_tb(frames, exc):
+    out = "[2026-03-01 10:01:00 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    for f in frames:
+        out += '  File "/x/sglang/srt/%s", line 10, in %s\n    x()\n' % tuple(f.split(":"))
+    return out + exc + "\n[2026-03-01 10:01:00] Received sigquit from a child process. It usually means the child failed.\n"
+
+
+def test_an_assertion_while_building_the_kv_pool_is_not_an_oom():
+    text = _loading_until("Mamba Cache") + _scheduler_tb(
+        ["model_executor/model_runner.py:init_memory_pool", "mem_cache/memory_pool.py:_create_buffers"],
+        "AssertionError: store_dtype must be uint8")
+    res = sl.diagnose(text)
+    assert res["phase"] != "kv_cache_oom" and res["facts"]["failure"] == "kv_pool_failed" and res["facts"]["failed_stage"] == "kv_pool"
+
+
+def test_a_traceback_in_model_loading_is_weights_oom_only_with_oom_evidence():
+    before = _loading_until("Loading safetensors")
+    frames = ["model_executor/model_runner.py:load_model", "model_loader/loader.py:load_weights_and_postprocess"]
+    res = sl.diagnose(before + _scheduler_tb(frames, "KeyError: 'model.layers.3.mlp.gate_up_proj.weight_scale'"))
+    assert res["phase"] != "weights_oom" and res["facts"]["failure"] == "weights_load_failed"
+    assert "Loading the weights failed" in res["remedy"]
+    res = sl.diagnose(before + _scheduler_tb(frames, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."))
+    assert res["phase"] == "weights_oom"
+
+
+def test_any_failure_after_graph_capture_began_is_cuda_graph_failed():
+    text = _loading_until("Capture cuda graph end") + _scheduler_tb(
+        ["model_executor/model_runner.py:initialize"], "RuntimeError: ninja exited with status 1")
+    res = sl.diagnose(text)
+    assert res["phase"] == "cuda_graph_failed" and "ninja exited" in res["remedy"]
+
+
+def test_exceptions_before_the_weights_are_configuration_failures():
+    head = _loading_until("Init torch distributed begin")
+    cases = {
+        "TypeError: __init__() got an unexpected keyword argument 'token_to_kv_pool_allocator'": "invalid_configuration",
+        "ImportError: /x/sgl_kernel/common_ops.abi3.so: undefined symbol: _ZN3c104cuda9SetDeviceEa": "import_error",
+        "ValueError: Model architectures ['FooForCausalLM'] are not supported for now.": "unsupported_architecture",
+    }
+    for exc, failure in cases.items():
+        res = sl.diagnose(head + "Traceback (most recent call last):\n  File \"/x/sglang/launch_server.py\", line 5, in <module>\n"
+                          "    main()\n" + exc + "\n")
+        assert res["phase"] == "init_failed_before_gpu" and res["facts"]["failure"] == failure, (exc, res["facts"])
+
+
+def test_a_live_process_past_its_traceback_is_not_failed():
+    # the startup went on after a traceback it printed: not fatal
+    lines = read("synthetic_ready_tp2_nextn.log").splitlines()
+    i = next(n for n, l in enumerate(lines) if "Load weight end" in l)
+    text = "\n".join(lines[:i] + ["Traceback (most recent call last):", '  File "/x/y.py", line 1, in f', "    g()",
+                                  "UserWarning: something optional failed to import"] + lines[i:]) + "\n"
+    assert sl.diagnose(text, process_alive=True)["phase"] == "ready"
+    assert sl.diagnose(text)["phase"] == "ready"
+    # an error after ready while the server lives on is a runtime error, not a failed launch
+    after = read("synthetic_ready_tp2_nextn.log") + _scheduler_tb(["managers/scheduler.py:event_loop"], "ValueError: bad request")
+    assert sl.diagnose(after, process_alive=True)["phase"] == "ready"
+
+
+def test_a_warning_line_is_not_a_failure():
+    text = _loading_until("Load weight end") + "UserWarning: TypedStorage is deprecated. It will be removed in the future.\n"
+    assert sl.diagnose(text)["phase"] == "loading"
+    assert sl.diagnose(_loading_until("Load weight end") + "ValueError: bad shard\n")["phase"] != "loading"

@@ -65,3 +65,14 @@ def test_bad_gpu_list_fails(tmp_path):
                                             (7, [7.0]), ("[]", [])])
 def test_mib_list(value, expected):
     assert sglang_diagnose.mib_list(value) == expected
+
+
+def test_a_published_log_alone_is_diagnosed():
+    # no exit status, no process state, no GPU numbers: what a careful operator reads from the log
+    res = run({"log_path": os.path.join(FIX, "weights_oom_gpustack_3848.log")})
+    assert res["phase"] == "weights_oom" and res["facts"]["scheduler_exit_code"] == -9
+    assert "dmesg -T | grep -i oom" in res["remedy"]
+    res = run({"log_path": os.path.join(FIX, "not_started_sglang_12818.log")})
+    assert res["phase"] == "not_started" and res["facts"]["failure"] == "argparse"
+    res = run({"log_path": os.path.join(FIX, "init_failed_before_gpu_sglang_9747.log")})
+    assert res["phase"] == "init_failed_before_gpu" and res["facts"]["failure"] == "weights_load_failed"
