@@ -73,6 +73,18 @@ def unavailable_failure(unavailable, stderr, refreshed):
                    evidence=[ln for ln in stderr.splitlines() if ln.startswith(("E:", "W:"))])
 
 
+def apt_failed(what, names, rc, stderr):
+    return Failure("apt_failed", "apt-get %s %s failed (rc %d)." % (what, " ".join(names), rc),
+                   "Run it on the host and fix what apt reports.", stderr.splitlines()[-10:])
+
+
+def plan_failure(names, rc, sim, stderr, refreshed):
+    """Why apt's plan failed: packages it cannot find (with their repositories), or apt's own error."""
+    if sim["unavailable"]:
+        return unavailable_failure(sim["unavailable"], stderr, refreshed)
+    return apt_failed("-s install", names, rc, stderr)
+
+
 def install_argv(apt_get, names):
     # Recommends stay out: dkms recommends linux-headers-amd64, Debian's kernel headers, not Proxmox's.
     return [apt_get, "install", "-y", "-q", "--no-install-recommends", "-o", "Dpkg::Options::=--force-confdef",

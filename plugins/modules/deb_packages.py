@@ -80,7 +80,7 @@ def check_mode_unknown(module, sim):
 
 def plan(module, apt_get, names):
     """apt's plan for ``names``; lists refreshed once when apt cannot find one (not in check mode)."""
-    refreshed = False
+    refreshed, update_err = False, ""
     while True:
         rc, out, err = module.run_command([apt_get, "-s"] + debpkg.install_argv(apt_get, names)[1:],
                                           environ_update=debpkg.APT_ENV)
@@ -91,10 +91,10 @@ def plan(module, apt_get, names):
             module.warn("apt's lists are empty: %s would be looked up after apt-get update" % ", ".join(sim["unavailable"]))
             return [{"name": n, "version": "?"} for n in names]
         if refreshed or module.check_mode or not sim["unavailable"]:
-            raise debpkg.unavailable_failure(sim["unavailable"], err, refreshed) if sim["unavailable"] else \
-                Failure("apt_failed", "apt-get -s install %s failed (rc %d)." % (" ".join(names), rc),
-                        "Run it on the host and fix what apt reports.", err.splitlines()[-5:])
-        module.run_command([apt_get, "update", "-q"], check_rc=True, environ_update=debpkg.APT_ENV)
+            raise debpkg.plan_failure(names, rc, sim, update_err + err, refreshed)
+        # A failed source (pve-enterprise without a subscription answers 401) does not stop the others;
+        # apt's words about it become evidence if the package is still missing.
+        update_err = module.run_command([apt_get, "update", "-q"], environ_update=debpkg.APT_ENV)[2]
         refreshed = True
 
 
@@ -120,8 +120,7 @@ def main():
     if not module.check_mode:
         rc, _out, err = module.run_command(debpkg.install_argv(apt_get, missing), environ_update=debpkg.APT_ENV)
         if rc != 0:
-            fail(module, Failure("apt_failed", "apt-get install %s failed (rc %d)." % (" ".join(missing), rc),
-                                 "Run it on the host and fix what apt reports.", err.splitlines()[-10:]), **result)
+            fail(module, debpkg.apt_failed("install", missing, rc, err), **result)
     module.exit_json(**result)
 
 
