@@ -59,17 +59,24 @@ def stock_packages(variant):
         return [ln.split("#")[0].strip() for ln in f if ln.split("#")[0].strip()]
 
 
+def _inputs_hash(variant):
+    inputs = "v%s %s | %s | %s | %s" % (STAMP_VERSION, SUITE, " ".join(stock_packages(variant)),
+                                        " ".join(COLLECTION_PACKAGES[variant]), SOURCES)
+    return hashlib.sha256(inputs.encode()).hexdigest()[:12]
+
+
+# The inputs' hash is in the names: checkouts with other lists (branches, CI) share the cache without
+# rebuilding each other's roots.
 def rootfs_dir(variant):
-    return os.path.join(cache_dir(), "rootfs-%s-%s" % (SUITE, variant))
+    return os.path.join(cache_dir(), "rootfs-%s-%s-%s" % (SUITE, variant, _inputs_hash(variant)))
 
 
 def pool_dir(variant):
-    return os.path.join(cache_dir(), "apt-pool-" + variant)
+    return os.path.join(cache_dir(), "apt-pool-%s-%s" % (variant, _inputs_hash(variant)))
 
 
 def _stamp_text(variant):
-    inputs = " ".join(stock_packages(variant)) + " | " + " ".join(COLLECTION_PACKAGES[variant])
-    return "kpgs-lab rootfs v%s %s %s %s\n" % (STAMP_VERSION, SUITE, variant, hashlib.sha256(inputs.encode()).hexdigest())
+    return "kpgs-lab rootfs %s %s %s\n" % (SUITE, variant, _inputs_hash(variant))
 
 
 def is_built(variant):
