@@ -41,7 +41,7 @@ def installed(dpkg_query_out):
     """Names dpkg reports as installed (``db:Status-Status`` is ``installed``; ``config-files`` is not)."""
     out = set()
     for line in dpkg_query_out.splitlines():
-        name, _, status = line.partition("\t")
+        name, status = (line.split("\t", 1) + [""])[:2]
         if status.strip() == "installed":
             out.add(name.split(":")[0])
     return out

@@ -1144,8 +1144,8 @@ def _death_failure(L):
     tb = _pick_traceback(L.parsed, lambda t: t["start"] >= e["index"] - 1)
     L.facts.update({"failed_stage": stage, "exception": _tb_exception(tb) or e["msg"]})
     signal = _SIGNALS.get(-code) if code is not None and code < 0 else None
-    said = "Rank %s's scheduler died during initialisation (exit code %s%s)" % (rank, code if code is not None else "not in the log",
-                                                                               ", %s" % signal if signal else "")
+    said = "Rank %s's scheduler died during initialisation (exit code %s%s)" % (
+        rank, code if code is not None else "not in the log", ", %s" % signal if signal else "")
     if code == -9:
         L.facts["failure"] = "scheduler_killed"
         phase = "weights_oom" if stage in ("args", "distributed_init", "weights") else _failure_by_stage(L, stage, None, [e])["phase"]

@@ -59,7 +59,16 @@ kernel:
   returned: always
   type: str
 phase:
-  description: C(packages_unavailable) when apt cannot install a package (with RV(remedy)).
+  description: C(packages_unavailable) when apt cannot install a package, C(apt_failed) when apt fails otherwise.
+  returned: failure
+  type: str
+evidence:
+  description: apt's error lines.
+  returned: failure
+  type: list
+  elements: str
+remedy:
+  description: What to do, for a package apt cannot find the repository that has it.
   returned: failure
   type: str
 """

@@ -126,9 +126,9 @@ def _build(variant, log):
     _run(["cp", "-a", _minbase(log), tmp], log)
     os.unlink(os.path.join(tmp, ".kpgs-lab-stamp"))
     _write_policy_rc(tmp)  # no service starts inside the chroot (exit 101)
-    _in_chroot(tmp, "apt-get update -qq; apt-get install -y -qq --no-install-recommends %s; apt-get clean; "
-               "apt-get install -y -qq --no-install-recommends --download-only %s" % (" ".join(stock_packages(variant)),
-                                                              " ".join(COLLECTION_PACKAGES[variant])), log)
+    script = "apt-get update -qq; apt-get install -y -qq --no-install-recommends %s; apt-get clean; " \
+             "apt-get install -y -qq --no-install-recommends --download-only %s"
+    _in_chroot(tmp, script % (" ".join(stock_packages(variant)), " ".join(COLLECTION_PACKAGES[variant])), log)
     pool = pool_dir(variant)
     _fresh(pool + ".new")
     shutil.move(os.path.join(tmp, "var/cache/apt/archives"), pool + ".new")

@@ -379,16 +379,16 @@ FAULTS = [
 ]
 
 
-@pytest.mark.parametrize("first", range(len(FAULTS)), ids=[f.__name__.strip("_") for f, _ in FAULTS])
+@pytest.mark.parametrize("first", range(len(FAULTS)), ids=[f.__name__.strip("_") for f, _msg in FAULTS])
 def test_first_real_check_wins(host, first):
     """Every fault from ``first`` on at once: only the first one's message, none of the later ones'."""
     assert install(host, *HOST).returncode == 0  # a driver in use is one of the faults
-    for fault, _ in FAULTS[first:]:
+    for fault, _msg in FAULTS[first:]:
         fault(host)
     r = install(host, *HOST)
     assert r.returncode == 1
     assert r.stderr.startswith("\n" + FAULTS[first][1])
-    for _, later in FAULTS[first + 1:]:
+    for _fault, later in FAULTS[first + 1:]:
         assert later not in r.stderr
 
 
@@ -417,4 +417,3 @@ def test_dkms_question_answered_by_the_flag(host, flag, answer):
     assert DKMS_QUESTION % answer + "\n" in log(host)
     assert host.state()["nvidia"]["installed"]["dkms"] is (answer == "Yes")
     assert os.path.lexists(host.p("/var/lib/dkms/nvidia/%s/source" % VERSION)) is (answer == "Yes")
-

@@ -71,8 +71,8 @@ class Stack(object):
         try:
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            pytest.fail("%s scenario %s did not finish within %ss (a call without a timeout?)" % (self.name, scenario,
-                                                                                                 timeout))
+            pytest.fail("%s scenario %s did not finish within %ss (a call without a timeout?)" % (
+                self.name, scenario, timeout))
         assert r.returncode == 0, "%s scenario %s failed:\n%s%s" % (self.name, scenario, r.stdout, r.stderr)
         seen = json.loads(r.stdout.strip().splitlines()[-1])
         if self.version:  # the proxmoxer meant, not another one on the interpreter's path
