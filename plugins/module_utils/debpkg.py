@@ -17,6 +17,9 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Fa
 
 DPKG_QUERY_FORMAT = "${Package}\\t${db:Status-Status}\\n"
 APT_ENV = {"DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+# apt-get -s still writes its binary cache and its planner log (EIPP); a simulation must change nothing,
+# so both go nowhere (apt-pkg/pkgcachegen.cc: an empty Dir::Cache::pkgcache builds the cache in memory).
+SIMULATE_OPTIONS = ["-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache=", "-o", "Dir::Log::Planner=/dev/null"]
 # apt-get's messages for a package it cannot install (apt-pkg/cachefile.cc, cmdline/apt-get.cc):
 _UNAVAILABLE = (re.compile(r"^E: Unable to locate package (\S+)"),
                 re.compile(r"^E: Package '([^']+)' has no installation candidate"),

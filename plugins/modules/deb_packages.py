@@ -91,7 +91,7 @@ def plan(module, apt_get, names):
     """apt's plan for ``names``; lists refreshed once when apt cannot find one (not in check mode)."""
     refreshed, update_err = False, ""
     while True:
-        rc, out, err = module.run_command([apt_get, "-s"] + debpkg.install_argv(apt_get, names)[1:],
+        rc, out, err = module.run_command([apt_get, "-s"] + debpkg.SIMULATE_OPTIONS + debpkg.install_argv(apt_get, names)[1:],
                                           environ_update=debpkg.APT_ENV)
         sim = debpkg.simulation(out, err)
         if rc == 0:
