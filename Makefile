@@ -12,13 +12,14 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLL_LINK := .collections/ansible_collections/kpro/gpu_serving
 
-.PHONY: .debian-tools help setup lock sglang-lock units sanity lint lab-up lab-down lab-test molecule test demo drill bench build clean
+.PHONY: .debian-tools help setup lock sglang-lock units sanity lint lab-up lab-down lab-test molecule test demo drill bench build ee-context clean
 
 help:
 	@echo "make demo   - set up, bring the lab up, run the migration twice (second run changed=0), lab down"
 	@echo "make test   - set up and run every test: units, sanity, ansible-lint, lab tests, molecule"
 	@echo "make drill DRILL=<phase>|all - the serve stage against a failure drill in the lab, with its diagnosis"
 	@echo "make setup | lock | units | sanity | lint | lab-up | lab-down | lab-test | molecule | bench | build"
+	@echo "make ee-context - the execution environment's build context in .build/ee (meta/execution-environment.yml)"
 
 # The toolchain, pinned with hashes in requirements/dev.lock, installed with uv.
 $(VENV)/.synced: requirements/dev.lock
@@ -30,6 +31,8 @@ $(VENV)/.synced: requirements/dev.lock
 # Debian tools the tests use outside the lab too (the lab's package mirror is indexed with apt-ftparchive).
 .debian-tools:
 	@command -v apt-ftparchive >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends apt-utils; }
+# shellcheck: ansible-test sanity checks the shell scripts with it (it skips them without).
+	@command -v shellcheck >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck; }
 
 $(COLL_LINK):
 	@mkdir -p $(dir $@) && ln -sfn ../../.. $@
@@ -80,6 +83,10 @@ sglang-lock: setup
 
 build: setup
 	mkdir -p .build && ansible-galaxy collection build --force --output-path .build .
+
+# The execution environment's build context in .build/ee (then: podman build .build/ee, or ansible-builder build).
+ee-context: setup
+	ansible-builder create -f meta/execution-environment.yml -c .build/ee --output-filename Containerfile
 
 clean: lab-down
 	rm -rf .build $(VENV) .collections
