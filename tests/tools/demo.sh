@@ -11,7 +11,7 @@ trap '$py tests/lab/labctl.py down >/dev/null 2>&1 || true' EXIT
 $py tests/lab/labctl.py reset
 mkdir -p "$log_dir"
 play() {
-  ANSIBLE_CONFIG="$top/ansible.cfg" .venv/bin/ansible-playbook -i inventories/lab playbooks/migrate-kpro6-to-kpro5.yml "$@"
+  ANSIBLE_CONFIG="$top/ansible.cfg" .venv/bin/ansible-playbook -i inventories/lab playbooks/migrate-kpro6-to-kpro5.yml
 }
 echo "=== first run (converge)"
 play | tee "$log_dir/run1.log"
