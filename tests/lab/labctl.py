@@ -652,7 +652,12 @@ def cmd_reboot(args):
 def cmd_kernel_upgrade(args):
     st = labstate.load(node_root())
     rel = args.release or labstate.next_release(st["kernel"]["release"])
-    print("kpro5 upgraded and rebooted into %s" % _reboot(rel))
+    rel = _reboot(rel)
+    # The new kernel's headers are in the Proxmox repository when it is released, and the upgrade went
+    # through apt, so the host's lists know them.
+    apt_mirror()
+    apt_update()
+    print("kpro5 upgraded and rebooted into %s" % rel)
     return 0
 
 
