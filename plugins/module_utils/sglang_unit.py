@@ -8,15 +8,17 @@ Pure functions, standard library only (they run on the target's Python 3.9+).
 - :func:`render_flags` turns one dict of SGLang options (SGLang's own option names with
   underscores: ``model_path``, ``tp_size``, ``mem_fraction_static`` ...) into the argv of
   ``python -m sglang.launch_server``, in a fixed order. The API key never appears in it:
-  ``api_key`` renders as ``--api-key ${SGLANG_API_KEY}``, which systemd expands from the
-  unit's ``EnvironmentFile`` (mode 0600, :func:`render_env`).
+  it is in the ``--config`` file (mode 0600, :func:`secret_config`) the server reads at start.
+  Control characters in values are refused (:class:`OptionError` naming the option or variable).
 - :func:`render_unit` gives the unit text: ``Type=simple``, ``KillMode=control-group`` (stopping
-  the unit ends the scheduler/detokenizer children too), ``Restart=no`` (the completion gate
-  decides), and ``ExecStart`` wrapped by the launcher (:data:`LAUNCHER_SCRIPT`) that starts every
+  the unit ends the scheduler/detokenizer children too), ``Restart=on-failure`` with a bounded
+  rate (:data:`RESTART_DEFAULTS`), and ``ExecStart`` wrapped by the launcher (:data:`LAUNCHER_SCRIPT`) that starts every
   launch in a fresh log file named after systemd's ``$INVOCATION_ID`` and headed by
   ``# kpro-launch-id: <id>`` (:func:`sglang_log.launch_header`), so a stale log can never be
   read as the current one.
 - :func:`config_fingerprint` is what "restart only when changed" compares.
+- :func:`unknown_options`, :func:`range_problems`, :func:`gpus_needed`, :func:`parse_proc_net_tcp`,
+  :func:`port_taken` are the checks made before the running server is touched.
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ import re
 LAUNCHER_PATH = "/usr/local/lib/kpro-gpu-serving/sglang-launch"
 LOG_DIR = "/var/log/sglang"
 ENV_FILE_DIR = "/etc/kpro-gpu-serving"
-API_KEY_ENV = "SGLANG_API_KEY"
-API_KEY_REF = "${%s}" % API_KEY_ENV
 # systemd.exec(5) "Environment=": no $ expansion, specifiers (%) are expanded; systemd.syntax(7) quoting.
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 RESTART_DEFAULTS = {"restart": "on-failure", "restart_sec": 30, "start_limit_interval_sec": 3600, "start_limit_burst": 3}
@@ -130,8 +130,8 @@ def render_flags(options):
 
     Keys are SGLang option names with underscores. ``None`` and ``False`` are omitted,
     ``True`` is a bare flag, a list gives one flag followed by its values (``nargs='+'``),
-    a dict is passed as compact JSON (``json_model_override_args``). ``api_key`` is never
-    rendered literally: a true value gives ``--api-key ${SGLANG_API_KEY}``. ``extra`` (a list of
+    a dict is passed as compact JSON (``json_model_override_args``). ``api_key`` is refused (it goes
+    through :func:`secret_config`). ``extra`` (a list of
     strings) is appended verbatim. The order is fixed (:data:`FLAG_ORDER`, then by name).
     """
     options = dict(options or {})
@@ -178,16 +178,6 @@ def secret_config(api_key):
     if api_key in (None, False, ""):
         return None
     return "# Managed by kpro.gpu_serving (sglang_service). Mode 0600: holds the API key.\napi_key: %s\n" % json.dumps(str(api_key))
-
-
-def secret_env(options=None, api_key=None):
-    """The variables of the unit's EnvironmentFile: the API key (from ``api_key`` or ``options['api_key']``)."""
-    key = api_key if api_key is not None else (options or {}).get("api_key")
-    if key in (None, False, ""):
-        return {}
-    if key is True:
-        raise OptionError("option api_key: give the key itself (from the vault), not true")
-    return {API_KEY_ENV: str(key)}
 
 
 def _env_value(value, name="environment"):

@@ -132,7 +132,9 @@ options:
     type: int
     default: 3
   probe_regex:
-    description: The gate's probe regex (M(kpro.gpu_serving.sglang_gate) O(kpro.gpu_serving.sglang_gate#module:expected_probe_regex)); checked to compile before anything is touched.
+    description:
+      - The gate's probe regex (O(kpro.gpu_serving.sglang_gate#module:expected_probe_regex)).
+      - Checked to compile before anything is touched.
     type: str
   secret_file:
     description:

@@ -8,7 +8,6 @@ and that the server answered /health throughout (a poller in CT 129, ended by it
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest

@@ -26,7 +26,7 @@ NEEDS_VERIFY = pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="s
 def _verify(tmp_path, unit_text):
     path = tmp_path / "sglang.service"
     path.write_text(unit_text)
-    res = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    res = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, check=False)
     noise = [ln for ln in (res.stdout + res.stderr).splitlines() if str(path) in ln or "sglang.service" in ln]
     return res.returncode, noise
 
@@ -131,10 +131,10 @@ def test_launcher_redacts_and_keeps_exit_status(tmp_path):
             "sys.stderr.write('--api-key sk-789 given\\n'); sys.stderr.flush()\n"
             "os.kill(os.getpid(), 9)\n")
     env = dict(os.environ, INVOCATION_ID="L1")
-    rc = subprocess.run([str(launcher), str(tmp_path / "log"), "sglang", sys.executable, "-c", code], env=env).returncode
+    rc = subprocess.run([str(launcher), str(tmp_path / "log"), "sglang", sys.executable, "-c", code], env=env, check=False).returncode
     assert rc in (137, -9)
     log = tmp_path / "log" / "sglang-L1.log"
-    for _ in range(50):
+    for _attempt in range(50):
         if log.exists() and "given" in log.read_text():
             break
         import time
@@ -148,7 +148,7 @@ def test_launcher_redacts_and_keeps_exit_status(tmp_path):
 
 def _standin(code):
     env = dict(os.environ, PYTHONPATH=STANDIN, KPRO_LAB_SGLANG_STANDIN_VERSION="0.5.11")
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
 
 
 def test_flags_probe_on_the_standin_lists_the_real_0_5_11_flags():

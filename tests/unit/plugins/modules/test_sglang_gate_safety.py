@@ -56,7 +56,7 @@ def test_standin_exits_on_a_port_bind_overflow_like_0_5_11(serve_lab):
     finally:
         lab.record()
     assert proc.returncode == 1
-    for _ in range(40):
+    for _attempt in range(40):
         text = (lab.log_dir / "sglang-L2.log").read_text()
         if "OverflowError" in text:
             break
