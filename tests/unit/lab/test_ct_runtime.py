@@ -213,6 +213,7 @@ def scenario(T):  # noqa: C901  one long, linear story
         "envf": "[Service]\nType=oneshot\nEnvironmentFile=/etc/envf.env\nExecStart=/bin/sh -c 'echo \"$0 $1\" > /run/envf.out' "
                 "${SECRET} $WORDS\n",
         "badshot": "[Service]\nType=oneshot\nExecStart=/bin/false\n",
+        "limited": "[Unit]\nStartLimitBurst=2\nStartLimitIntervalSec=60\n[Service]\nExecStart=/bin/sleep 300\n",
     }
     for name, text in units.items():
         path = os.path.join(T, "u.service")
@@ -230,6 +231,12 @@ def scenario(T):  # noqa: C901  one long, linear story
             break
         time.sleep(0.1)
     obs["flaky_show"] = fp
+    # systemd 252 unit_reset_failed(): reset-failed resets the start rate limit whatever the state (sglang_service relies on it)
+    ct("systemctl", "start", "limited")
+    ct("systemctl", "restart", "limited")       # 2 starts: the burst
+    ct("systemctl", "reset-failed", "limited")  # while active
+    obs["limited_restart"] = ct("systemctl", "restart", "limited")
+    ct("systemctl", "stop", "limited")
     obs["envf_start"] = ct("systemctl", "start", "envf")
     obs["envf_out"] = ct("cat", "/run/envf.out")["out"]
     obs["badshot_start"] = ct("systemctl", "start", "badshot")
@@ -458,6 +465,10 @@ def test_restart_on_failure_then_start_limit(obs):
     assert int(p["NRestarts"]) == 5  # "restart counter is at 5", then "Start request repeated too quickly."
     assert (p["ExecMainCode"], p["ExecMainStatus"]) == ("1", "3")
     assert "Scheduled restart job" in obs["journal"]
+
+
+def test_reset_failed_resets_the_start_limit_while_active(obs):
+    assert obs["limited_restart"]["rc"] == 0, obs["limited_restart"]
 
 
 def test_environment_file_expansion_and_oneshot(obs):
