@@ -33,7 +33,7 @@ def serving(serve_lab, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", STANDIN)
     stop = threading.Event()
     threading.Thread(target=reaper, args=(lab, stop), daemon=True).start()
-    res = service(lab)
+    res = service(lab, restart_sec=1)
     lab.started.append(main_pid(lab))
     yield lab, res
     stop.set()
@@ -67,6 +67,29 @@ def test_bad_option_fails_before_the_server_is_touched(serving, name, change, ph
     res = service(lab, expect_ok=False, options=lab.options(**change))
     assert res["phase"] == phase and message in res["msg"], res["msg"]
     assert main_pid(lab) == pid and alive(pid) and _files(lab) == files
+
+
+def test_killed_server_is_restarted_by_the_unit(serving):
+    """Finding 5: Restart=on-failure; the SIGKILLed main process is replaced and the server answers again (NRestarts is
+    asserted in the lab, tests/lab_tests/test_serve_safety.py: this systemctl stand-in of the host does not count)."""
+    import signal
+    import time
+    import urllib.request
+    lab, _res = serving
+    pid = main_pid(lab)
+    os.kill(pid, signal.SIGKILL)
+    deadline, answered = time.time() + 90, None
+    while time.time() < deadline and answered != 200:
+        time.sleep(1)
+        new = main_pid(lab)
+        if new and new != pid:
+            lab.started.append(new)
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/health" % lab.port, timeout=5) as r:
+                    answered = r.status
+            except OSError:
+                pass
+    assert answered == 200
 
 
 def test_port_taken_by_another_process(serving):
