@@ -111,8 +111,9 @@ options:
     default: 120
   fatal_grace:
     description:
-      - Seconds this launch's log must stay quiet after it shows a fatal error (a traceback, a dead scheduler) before
-        the gate fails while the process is still alive; the log alone then decides.
+      - Seconds without progress (no new log line, no change of GPU memory) after this launch's log shows a fatal error
+        (a traceback, a dead scheduler) before the gate fails while the process is still alive; the log alone then
+        decides.
     type: float
     default: 5.0
   expected_probe_regex:
@@ -322,7 +323,6 @@ class Gate(object):
         self.http_state = None
         self.gpu_used = None
         self.exit_status = None
-        self.log_changed_at = self.t0
         self.nrestarts = None
 
     def resolve_log(self):
@@ -434,8 +434,6 @@ class Gate(object):
         text = self.reader.read() if self.reader else None
         self.gpu_used = self.gpus()
         size = len(text) if text else 0
-        if size != self.last_size:
-            self.log_changed_at = now
         if size != self.last_size or (self.gpu_used and self.last_used and any(abs(a - b) > 64 for a, b in zip(self.gpu_used, self.last_used))):
             self.last_progress = now
         self.last_size = size
@@ -485,16 +483,16 @@ class Gate(object):
 
     def fatal_in_log(self, text, kw, elapsed, stalled, now):
         """A fatal error this launch's log shows while the process still lives (a child hangs on, or the unit restarted
-        it under a launch id we cannot see): sglang_log decides from the log alone (process_alive=None) once the
-        log has been quiet for fatal_grace seconds, so the gate ends in seconds instead of at the stall timeout."""
-        if now - self.log_changed_at < self.p["fatal_grace"]:
-            return None
+        it under a launch id we cannot see): sglang_log decides from the log alone (process_alive=None) once neither
+        the log nor GPU memory moved for fatal_grace seconds, so the gate ends in seconds, not at the stall timeout."""
+        if now - self.last_progress < self.p["fatal_grace"]:
+            return None     # still progressing: a traceback the startup goes on past is not fatal
         res = diagnose(text, elapsed_s=elapsed, timeout_s=self.p["timeout"], stalled_s=stalled,
                        **dict(kw, process_alive=None, http=None))
         if res["phase"] in ("loading", "ready", "timeout"):
             return None
-        res["evidence"].append("the process is still alive, but this launch's log shows the failure above and has not "
-                               "advanced for %.0fs" % (now - self.log_changed_at))
+        res["evidence"].append("the process is still alive, but this launch's log shows the failure above and neither the log nor "
+                               "GPU memory moved for %.0fs" % (now - self.last_progress))
         return res
 
     def run(self):

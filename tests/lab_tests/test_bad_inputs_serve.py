@@ -70,8 +70,8 @@ def digest(lab):
 def guarded(serving, tmp_path_factory):
     lab = serving
     ct(lab, "rm", "-f", "/run/kpro-poll.stop", "/run/kpro-poll.out")
-    poller = ct(lab, "sh", "-c", "python3 -c '%s' >/dev/null 2>&1 </dev/null & echo $!" % POLLER.replace("'", "'\"'\"'")).stdout.strip()
-    other = ct(lab, "sh", "-c", "python3 -m http.server %d --bind 127.0.0.1 >/dev/null 2>&1 </dev/null & echo $!" % OTHER_PORT).stdout.strip()
+    poller = ct(lab, "sh", "-c", "setsid python3 -c '%s' >/dev/null 2>&1 </dev/null & echo $!" % POLLER.replace("'", "'\"'\"'")).stdout.strip()
+    other = ct(lab, "sh", "-c", "setsid python3 -m http.server %d --bind 127.0.0.1 >/dev/null 2>&1 </dev/null & echo $!" % OTHER_PORT).stdout.strip()
     yield lab, tmp_path_factory.mktemp("vars")
     ct(lab, "touch", "/run/kpro-poll.stop")
     time.sleep(1.5)
