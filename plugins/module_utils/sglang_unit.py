@@ -8,15 +8,17 @@ Pure functions, standard library only (they run on the target's Python 3.9+).
 - :func:`render_flags` turns one dict of SGLang options (SGLang's own option names with
   underscores: ``model_path``, ``tp_size``, ``mem_fraction_static`` ...) into the argv of
   ``python -m sglang.launch_server``, in a fixed order. The API key never appears in it:
-  ``api_key`` renders as ``--api-key ${SGLANG_API_KEY}``, which systemd expands from the
-  unit's ``EnvironmentFile`` (mode 0600, :func:`render_env`).
+  it is in the ``--config`` file (mode 0600, :func:`secret_config`) the server reads at start.
+  Control characters in values are refused (:class:`OptionError` naming the option or variable).
 - :func:`render_unit` gives the unit text: ``Type=simple``, ``KillMode=control-group`` (stopping
-  the unit ends the scheduler/detokenizer children too), ``Restart=no`` (the completion gate
-  decides), and ``ExecStart`` wrapped by the launcher (:data:`LAUNCHER_SCRIPT`) that starts every
+  the unit ends the scheduler/detokenizer children too), ``Restart=on-failure`` with a bounded
+  rate (:data:`RESTART_DEFAULTS`), and ``ExecStart`` wrapped by the launcher (:data:`LAUNCHER_SCRIPT`) that starts every
   launch in a fresh log file named after systemd's ``$INVOCATION_ID`` and headed by
   ``# kpro-launch-id: <id>`` (:func:`sglang_log.launch_header`), so a stale log can never be
   read as the current one.
 - :func:`config_fingerprint` is what "restart only when changed" compares.
+- :func:`unknown_options`, :func:`range_problems`, :func:`gpus_needed`, :func:`parse_proc_net_tcp`,
+  :func:`port_taken` are the checks made before the running server is touched.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import re
 LAUNCHER_PATH = "/usr/local/lib/kpro-gpu-serving/sglang-launch"
 LOG_DIR = "/var/log/sglang"
 ENV_FILE_DIR = "/etc/kpro-gpu-serving"
-API_KEY_ENV = "SGLANG_API_KEY"
-API_KEY_REF = "${%s}" % API_KEY_ENV
+# systemd.exec(5) "Environment=": no $ expansion, specifiers (%) are expanded; systemd.syntax(7) quoting.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+RESTART_DEFAULTS = {"restart": "on-failure", "restart_sec": 30, "start_limit_interval_sec": 3600, "start_limit_burst": 3}
 
 # The order of the well-known options in ExecStart; every other option follows sorted by name,
 # then ``extra`` verbatim.
@@ -76,7 +79,17 @@ keep=${KPRO_SGLANG_KEEP_LOGS:-10}
 ls -1t "$log_dir/$name"-*.log 2>/dev/null | tail -n +$((keep + 1)) | while IFS= read -r old; do
     [ "$old" = "$log" ] || rm -f "$old"
 done
-exec "$@" >> "$log" 2>&1
+# The server's output reaches the log through sed, which masks secrets (the server_args=ServerArgs(... api_key='...')
+# line of sglang/srt/entrypoints/engine.py:188, Bearer tokens, --api-key values). sed runs detached (not a child of
+# the server, whose kill_process_tree would end it before its last lines) and ignores SIGTERM, so it writes until the
+# server's last process closes the FIFO; it stays in the unit's cgroup. The server is exec'd: MainPID stays the server.
+fifo=$log_dir/.$name-$id.fifo
+rm -f "$fifo"
+mkfifo -m 600 "$fifo"
+( ( trap '' TERM INT HUP; exec 0<"$fifo"; rm -f "$fifo"
+    exec sed -u -e "s/\(api_key=\)'[^']*'/\1'<redacted>'/g" -e 's/\(api_key=\)"[^"]*"/\1"<redacted>"/g' \
+        -e 's/\(Bearer \)[^ "'"'"',]*/\1<redacted>/g' -e 's/\(--api-key[ =]\)[^ ]*/\1<redacted>/g' >> "$log" ) & )
+exec "$@" > "$fifo" 2>&1
 """
 
 
@@ -117,8 +130,8 @@ def render_flags(options):
 
     Keys are SGLang option names with underscores. ``None`` and ``False`` are omitted,
     ``True`` is a bare flag, a list gives one flag followed by its values (``nargs='+'``),
-    a dict is passed as compact JSON (``json_model_override_args``). ``api_key`` is never
-    rendered literally: a true value gives ``--api-key ${SGLANG_API_KEY}``. ``extra`` (a list of
+    a dict is passed as compact JSON (``json_model_override_args``). ``api_key`` is refused (it goes
+    through :func:`secret_config`). ``extra`` (a list of
     strings) is appended verbatim. The order is fixed (:data:`FLAG_ORDER`, then by name).
     """
     options = dict(options or {})
@@ -130,37 +143,45 @@ def render_flags(options):
         if value is None or value is False:
             continue
         if name == "api_key":
-            argv += [_flag(name), API_KEY_REF]
-            continue
+            raise OptionError("option api_key: the key goes to the server through --config <secret file> (secret_config)")
         if value is True:
             argv.append(_flag(name))
             continue
         words = _value_words(name, value)
         if not words:
             continue
-        argv += [_flag(name)] + words
+        argv += [_flag(name)] + [_no_control("option %s" % name, w) for w in words]
     extra = options.get("extra")
     if extra:
         if isinstance(extra, str):
             raise OptionError("option extra: give a list of arguments, not one string")
-        argv += [str(x) for x in extra]
+        argv += [_no_control("option extra", str(x)) for x in extra]
     return argv
 
 
-def secret_env(options=None, api_key=None):
-    """The variables of the unit's EnvironmentFile: the API key (from ``api_key`` or ``options['api_key']``)."""
-    key = api_key if api_key is not None else (options or {}).get("api_key")
-    if key in (None, False, ""):
-        return {}
-    if key is True:
-        raise OptionError("option api_key: give the key itself (from the vault), not true")
-    return {API_KEY_ENV: str(key)}
+def _no_control(what, text):
+    """Refuse control characters (a newline would end the unit's line: systemd.syntax(7) has no escape for it in
+    an unquoted word, and SGLang has no use for one)."""
+    m = _CONTROL_RE.search(text)
+    if m:
+        raise OptionError("%s: the value contains the control character %r; newlines and other control characters are "
+                          "refused (they would inject lines into the unit file). Remove it." % (what, m.group(0)))
+    return text
 
 
-def _env_value(value):
-    value = str(value)
-    if "\n" in value or "\r" in value:
-        raise OptionError("environment values cannot contain newlines")
+def secret_config(api_key):
+    """The YAML text of the server's ``--config`` file holding the API key (mode 0600, root only).
+
+    SGLang has no environment variable for the key; 0.5.11 reads ``--config <file.yaml>`` at start
+    (sglang/srt/server_args.py:7280 prepare_server_args -> server_args_config_parser.py ConfigArgumentMerger),
+    so the key is in neither the unit nor the process's argv. A JSON string is a YAML double-quoted scalar."""
+    if api_key in (None, False, ""):
+        return None
+    return "# Managed by kpro.gpu_serving (sglang_service). Mode 0600: holds the API key.\napi_key: %s\n" % json.dumps(str(api_key))
+
+
+def _env_value(value, name="environment"):
+    value = _no_control("environment variable %s" % name, str(value))
     return '"%s"' % value.replace("\\", "\\\\").replace('"', '\\"')
 
 
@@ -170,7 +191,7 @@ def render_env(env):
     for k in sorted(env or {}):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
             raise OptionError("environment variable name %r is not valid" % k)
-        lines.append("%s=%s" % (k, _env_value(env[k])))
+        lines.append("%s=%s" % (k, _env_value(env[k], k)))
     return "\n".join(lines) + "\n"
 
 
@@ -188,11 +209,29 @@ def systemd_quote(word, expand=False):
     return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def exec_start(venv, options, name, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, python=None):
-    """The ExecStart argv (words) and its systemd-quoted line."""
+def environment_assignment(name, value):
+    """One ``Environment=`` value: ``%`` -> ``%%`` (specifiers are expanded there), ``$`` kept (no variable
+    expansion in Environment=, systemd.exec(5)), double quotes with C escapes when needed (systemd.syntax(7));
+    control characters refused, naming the variable."""
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(name)):
+        raise OptionError("environment variable name %r is not valid" % name)
+    text = "%s=%s" % (name, _no_control("environment variable %s" % name, str(value)))
+    text = text.replace("%", "%%")
+    if _SAFE_WORD_RE.match(text) and "{" not in text:
+        return text
+    return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def exec_start(venv, options, name, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, python=None, secret_file=None):
+    """The ExecStart argv (words) and its systemd-quoted line (``--config <secret_file>`` carries the API key)."""
     py = python or ("%s/bin/python" % venv.rstrip("/"))
     words = [launcher, log_dir, name, py, "-m", "sglang.launch_server"] + render_flags(options)
-    line = " ".join(systemd_quote(w, expand=(w == API_KEY_REF)) for w in words)
+    if secret_file:
+        words += ["--config", secret_file]
+    for w in words:
+        _no_control("ExecStart word", w)
+    # a lone ";" separates commands in ExecStart (systemd.service(5)); "\;" is the literal
+    line = " ".join("\\;" if w == ";" else systemd_quote(w) for w in words)
     return words, line
 
 
@@ -203,19 +242,23 @@ def unit_stem(unit):
 
 def render_unit(unit, venv, options, env_file=None, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, environment=None,
                 timeout_stop_sec=120, user=None, group=None, working_directory=None, description=None, after=None,
-                python=None, limit_nofile=65536):
-    """The unit file text (deterministic for the same arguments)."""
+                python=None, limit_nofile=65536, secret_file=None, restart=None):
+    """The unit file text (deterministic for the same arguments). ``restart``: dict of :data:`RESTART_DEFAULTS` keys."""
     stem = unit_stem(unit)
-    words, line = exec_start(venv, options, stem, launcher=launcher, log_dir=log_dir, python=python)
+    rs = dict(RESTART_DEFAULTS, **(restart or {}))
+    words, line = exec_start(venv, options, stem, launcher=launcher, log_dir=log_dir, python=python, secret_file=secret_file)
     model = (options or {}).get("served_model_name") or (options or {}).get("model_path") or "model"
     out = [
         "# Managed by kpro.gpu_serving (sglang_service); changes here are overwritten.",
         "# Every start logs to %s/%s-<InvocationID>.log (first line: # kpro-launch-id: <InvocationID>);" % (log_dir, stem),
         "# %s/%s.log points at the newest." % (log_dir, stem),
         "[Unit]",
-        "Description=%s" % (description or "SGLang server (%s)" % model),
+        "Description=%s" % _no_control("description", description or "SGLang server (%s)" % model).replace("%", "%%"),
         "After=%s" % " ".join(after or ["network-online.target"]),
         "Wants=network-online.target",
+        # a crashed server comes back, at most start_limit_burst starts per interval (systemd.unit(5))
+        "StartLimitIntervalSec=%d" % int(rs["start_limit_interval_sec"]),
+        "StartLimitBurst=%d" % int(rs["start_limit_burst"]),
         "",
         "[Service]",
         "Type=simple",
@@ -229,15 +272,14 @@ def render_unit(unit, venv, options, env_file=None, launcher=LAUNCHER_PATH, log_
     if env_file:
         out.append("EnvironmentFile=%s" % env_file)
     for k in sorted(environment or {}):
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
-            raise OptionError("environment variable name %r is not valid" % k)
-        out.append("Environment=%s" % systemd_quote("%s=%s" % (k, environment[k])))
+        out.append("Environment=%s" % environment_assignment(k, environment[k]))
     out += [
         "ExecStart=%s" % line,
         "KillMode=control-group",
         "KillSignal=SIGTERM",
         "TimeoutStopSec=%s" % int(timeout_stop_sec),
-        "Restart=no",
+        "Restart=%s" % rs["restart"],
+        "RestartSec=%d" % int(rs["restart_sec"]),
     ]
     if limit_nofile:
         out.append("LimitNOFILE=%d" % int(limit_nofile))
@@ -290,7 +332,8 @@ def plan_options(options):
 # The unit at runtime: properties, its processes, exit status
 # --------------------------------------------------------------------------------------------
 
-UNIT_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ExecMainStatus", "ExecMainCode", "InvocationID", "ControlGroup")
+UNIT_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ExecMainStatus", "ExecMainCode", "InvocationID", "ControlGroup",
+                   "NRestarts")
 ALIVE_STATES = frozenset(["active", "activating", "reloading", "deactivating"])
 
 
@@ -440,3 +483,117 @@ def used_mib(facts):
     if not facts or not facts.get("available"):
         return None
     return [g.get("memory_used_mib") for g in facts.get("gpus") or []]
+
+
+# --------------------------------------------------------------------------------------------
+# Validation before the running server is touched
+# --------------------------------------------------------------------------------------------
+
+# Run with <venv>/bin/python: the installed SGLang's own option names (real 0.5.11: ServerArgs.add_cli_args,
+# sglang/srt/server_args.py; prepare_server_args builds its parser the same way, server_args.py:7265).
+FLAGS_PROBE = (
+    "import argparse, json\n"
+    "from sglang.srt.server_args import ServerArgs\n"
+    "p = argparse.ArgumentParser()\n"
+    "ServerArgs.add_cli_args(p)\n"
+    "print(json.dumps(sorted(s for a in p._actions for s in a.option_strings if s.startswith('--'))))\n"
+)
+
+# option -> (low, high, low_open, high_open, remedy)
+_RANGES = {
+    "mem_fraction_static": (0.0, 1.0, True, True, "a fraction of each GPU's memory strictly between 0 and 1, e.g. 0.85"),
+    "port": (1, 65535, False, False, "a TCP port from 1 to 65535, e.g. 30000"),
+    "tp_size": (1, None, False, False, "a positive number of GPUs"),
+    "context_length": (1, None, False, False, "a positive number of tokens"),
+    "max_running_requests": (1, None, False, False, "a positive number"),
+}
+
+
+def unknown_options(options, flags):
+    """Option keys whose flag the installed SGLang does not have: [(key, flag, close matches)]."""
+    import difflib
+    known = set(flags)
+    out = []
+    for key in sorted(options or {}):
+        if key in NOT_FLAGS or (options[key] is None or options[key] is False):
+            continue
+        flag = _flag(key)
+        if flag not in known:
+            close = difflib.get_close_matches(flag, sorted(known), n=3, cutoff=0.75)
+            out.append((key, flag, [c[2:].replace("-", "_") for c in close]))
+    return out
+
+
+def range_problems(options):
+    """[(key, message)] for values outside what SGLang can use (checked before the old server stops)."""
+    out = []
+    for key, (lo, hi, lo_open, hi_open, what) in sorted(_RANGES.items()):
+        value = (options or {}).get(key)
+        if value is None or value is False:
+            continue
+        try:
+            num = float(value)
+        except (TypeError, ValueError):
+            out.append((key, "%s=%r is not a number; give %s" % (key, value, what)))
+            continue
+        bad = (lo is not None and (num <= lo if lo_open else num < lo)) or (hi is not None and (num >= hi if hi_open else num > hi))
+        if key in ("port", "tp_size", "context_length", "max_running_requests") and num != int(num):
+            bad = True
+        if bad:
+            out.append((key, "%s=%s is out of range; give %s" % (key, value, what)))
+    return out
+
+
+def gpus_needed(options):
+    """GPUs one server needs: tp_size x pp_size (x dp_size without dp-attention), from base_gpu_id."""
+    o = options or {}
+    n = int(o.get("tp_size") or 1) * int(o.get("pp_size") or 1)
+    if not o.get("enable_dp_attention"):
+        n *= int(o.get("dp_size") or 1)
+    return n + int(o.get("base_gpu_id") or 0)
+
+
+def parse_proc_net_tcp(text):
+    """Listening sockets (state 0A) of a /proc/net/tcp or tcp6 text: [(port, inode)]."""
+    out = []
+    for line in (text or "").splitlines()[1:]:
+        f = line.split()
+        if len(f) < 10 or f[3] != "0A":
+            continue
+        try:
+            out.append((int(f[1].rsplit(":", 1)[1], 16), int(f[9])))
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def socket_inodes(pids, proc_root="/proc"):
+    """The socket inodes the given processes hold open (/proc/PID/fd -> socket:[inode])."""
+    out = set()
+    for pid in pids or ():
+        d = "%s/%d/fd" % (proc_root, int(pid))
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in names:
+            try:
+                target = os.readlink(os.path.join(d, n))
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                out.add(int(target[8:-1]))
+    return out
+
+
+def port_taken(port, listeners, own_inodes):
+    """True when some socket that is not one of ours listens on ``port``."""
+    return any(p == int(port) and ino not in own_inodes for p, ino in listeners)
+
+
+def nrestarts(props):
+    """systemd's NRestarts (automatic restarts since the last manual start), or None."""
+    try:
+        return int((props or {}).get("NRestarts"))
+    except (TypeError, ValueError):
+        return None

@@ -109,6 +109,13 @@ options:
     description: Seconds the probe may take.
     type: float
     default: 120
+  fatal_grace:
+    description:
+      - Seconds without progress (no new log line, no change of GPU memory) after this launch's log shows a fatal error
+        (a traceback, a dead scheduler) before the gate fails while the process is still alive; the log alone then
+        decides.
+    type: float
+    default: 5.0
   expected_probe_regex:
     description: A regular expression the probe's text must match (searched). Empty for none.
     type: str
@@ -183,6 +190,11 @@ gpu_used_mib:
   type: list
   elements: int
   sample: [45210, 45188]
+nrestarts:
+  description: The unit's C(NRestarts) (automatic restarts by C(Restart=on-failure) since the last manual start).
+  returned: with O(unit)
+  type: int
+  sample: 0
 kv_tokens:
   description: The KV cache pool's token count, from the log line that says the KV Cache is allocated.
   returned: success
@@ -311,6 +323,7 @@ class Gate(object):
         self.http_state = None
         self.gpu_used = None
         self.exit_status = None
+        self.nrestarts = None
 
     def resolve_log(self):
         p = self.p
@@ -333,6 +346,7 @@ class Gate(object):
                 self.main_pid = int(props.get("MainPID") or 0) or None
             except ValueError:
                 self.main_pid = None
+            self.nrestarts = su.nrestarts(props)
             alive = props.get("ActiveState") in su.ALIVE_STATES and props.get("ActiveState") != "deactivating"
             if alive and self.p["launch_id"] and props.get("InvocationID") and props["InvocationID"] != self.p["launch_id"]:
                 # the unit was restarted by someone else: this launch is over
@@ -464,7 +478,21 @@ class Gate(object):
                            timeout_s=p["timeout"], stalled_s=stalled, **kw)
             return res
         if res["phase"] == "loading":
+            return self.fatal_in_log(text, kw, elapsed, stalled, now)
+        return res
+
+    def fatal_in_log(self, text, kw, elapsed, stalled, now):
+        """A fatal error this launch's log shows while the process still lives (a child hangs on, or the unit restarted
+        it under a launch id we cannot see): sglang_log decides from the log alone (process_alive=None) once neither
+        the log nor GPU memory moved for fatal_grace seconds, so the gate ends in seconds, not at the stall timeout."""
+        if now - self.last_progress < self.p["fatal_grace"]:
+            return None     # still progressing: a traceback the startup goes on past is not fatal
+        res = diagnose(text, elapsed_s=elapsed, timeout_s=self.p["timeout"], stalled_s=stalled,
+                       **dict(kw, process_alive=None, http=None))
+        if res["phase"] in ("loading", "ready", "timeout"):
             return None
+        res["evidence"].append("the process is still alive, but this launch's log shows the failure above and neither the log nor "
+                               "GPU memory moved for %.0fs" % (now - self.last_progress))
         return res
 
     def run(self):
@@ -499,6 +527,7 @@ def main():
             probe_prompt=dict(type="str", default="The capital city of France is"),
             probe_max_tokens=dict(type="int", default=16, no_log=False),
             probe_timeout=dict(type="float", default=120),
+            fatal_grace=dict(type="float", default=5.0),
             expected_probe_regex=dict(type="str", default="(?i)paris"),
         ),
         required_one_of=[("unit", "pid")],
@@ -515,7 +544,7 @@ def main():
     out = dict(changed=False, phase=res["phase"], evidence=res["evidence"], remedy=res["remedy"], facts=facts,
                waited_s=round(time.time() - gate.t0, 2), gpu_used_mib=gate.gpu_used, exit_status=gate.exit_status,
                endpoint={"base_url": gate.base, "served_model_name": p["served_model_name"]}, launch_id=p["launch_id"],
-               log_path=gate.log_path, probe=probe, kv_tokens=facts.get("kv_tokens"))
+               log_path=gate.log_path, probe=probe, kv_tokens=facts.get("kv_tokens"), nrestarts=gate.nrestarts)
     if res["phase"] == "ready":
         out["time_to_ready_s"] = facts.get("time_to_ready_s", out["waited_s"])
         module.exit_json(**out)

@@ -12,11 +12,19 @@ short_description: Run the SGLang server as a systemd unit, restarted only when 
 version_added: "0.1.0"
 description:
   - "Renders a systemd unit whose C(ExecStart) is built from one dict of SGLang options (O(options)), an
-    C(EnvironmentFile) (mode 0600) holding the API key, and the launcher script that gives every launch its own log
+    C(EnvironmentFile) (mode 0600), the server's C(--config) YAML file (mode 0600, O(secret_file)) holding the API key,
+    and the launcher script that gives every launch its own log
     C(<log_dir>/<stem>-<InvocationID>.log) (stem = the unit's name without C(.service)), headed by
-    C(# kpro-launch-id: <InvocationID>), with C(<log_dir>/<stem>.log) pointing at the newest."
+    C(# kpro-launch-id: <InvocationID>), with C(<log_dir>/<stem>.log) pointing at the newest. The launcher masks secrets
+    (C(api_key='...'), Bearer tokens) in the log."
   - "The unit has C(Type=simple), C(KillMode=control-group) (stopping it ends the scheduler and detokenizer children
-    too), C(Restart=no) (the completion gate, M(kpro.gpu_serving.sglang_gate), decides) and O(timeout_stop_sec)."
+    too), C(Restart=on-failure) with a bounded rate (O(restart_sec), O(start_limit_interval_sec), O(start_limit_burst))
+    and O(timeout_stop_sec)."
+  - "Before a (re)start, and before the running server is touched, the settings are validated: option names against
+    the installed SGLang's own flags (C(<venv>/bin/python) lists C(ServerArgs.add_cli_args)), value ranges
+    (C(mem_fraction_static) in (0, 1), C(port) in 1-65535, ...), C(tp_size) against the GPUs NVML sees, the port against
+    listening sockets that are not this unit's (C(/proc/net/tcp), C(tcp6)), O(probe_regex); control characters in option
+    and environment values are refused. All problems are reported together and the old server keeps serving."
   - The server is (re)started only when it is not running, when the rendered unit, environment file or launcher differ
     from those it was started with (a fingerprint kept in O(state_dir)), or with O(force_restart).
   - "Before a (re)start: every process holding GPU memory is listed (PID, name, MiB). Processes of this unit (its
@@ -54,10 +62,9 @@ options:
     required: true
   api_key:
     description:
-      - The API key clients must send (from the vault). It is written to the environment file only and passed as
-        C(--api-key ${SGLANG_API_KEY}); the unit file and the module's output never contain it.
-      - SGLang has no environment variable for the key, so the expanded value is in the server process's command
-        line (C(/proc/PID/cmdline)), readable by local users of the container.
+      - The API key clients must send (from the vault). It is written to O(secret_file) (mode 0600) only, which the
+        server reads at start through C(--config); the unit file, the process's command line, the logs and the module's
+        output never contain it.
     type: str
   environment:
     description: Further environment variables of the server (for example V(NCCL_P2P_DISABLE)), in the unit file.
@@ -107,6 +114,34 @@ options:
         would fail the start at step LIMITS (exit status 205).
     type: int
     default: 65536
+  restart:
+    description: The unit's C(Restart=); V(on-failure) brings a crashed server back.
+    type: str
+    choices: ["no", on-failure, on-abnormal, always]
+    default: on-failure
+  restart_sec:
+    description: The unit's C(RestartSec=) (seconds before an automatic restart).
+    type: int
+    default: 30
+  start_limit_interval_sec:
+    description: The unit's C(StartLimitIntervalSec=); with O(start_limit_burst) it bounds automatic restarts.
+    type: int
+    default: 3600
+  start_limit_burst:
+    description: The unit's C(StartLimitBurst=). The module's own starts reset the count (C(systemctl reset-failed)).
+    type: int
+    default: 3
+  probe_regex:
+    description:
+      - The gate's probe regex (O(kpro.gpu_serving.sglang_gate#module:expected_probe_regex)).
+      - Checked to compile before anything is touched.
+    type: str
+  secret_file:
+    description:
+      - The server's C(--config) YAML file holding the API key (mode 0600). Defaults to
+        C(/etc/kpro-gpu-serving/<stem>-secrets.yaml).
+      - The server reads it, so O(root) does not move it (like O(launcher)).
+    type: path
   user:
     description: The unit's C(User=). Omit to run as root.
     type: str
@@ -224,8 +259,12 @@ unit_path:
   returned: always
   type: str
   sample: /etc/systemd/system/sglang.service
+nrestarts:
+  description: The unit's C(NRestarts) (automatic restarts since the last manual start) before this run.
+  returned: when the unit is known
+  type: int
 exec_start:
-  description: The ExecStart line (the API key only as C(${SGLANG_API_KEY})).
+  description: The ExecStart line (the API key is not in it; C(--config <secret_file>) is).
   returned: always
   type: str
 files_changed:
@@ -274,6 +313,7 @@ remedy:
 
 import json
 import os
+import re
 import signal
 import tempfile
 import time
@@ -327,6 +367,8 @@ class Service(object):
         self.env_file = p["env_file"] or os.path.join(su.ENV_FILE_DIR, "%s.env" % self.stem)
         self.unit_path = self.rooted(os.path.join(p["unit_dir"], self.unit))
         self.env_path = self.rooted(self.env_file)
+        self.secret_file = p["secret_file"] or os.path.join(su.ENV_FILE_DIR, "%s-secrets.yaml" % self.stem)
+        self.secret_path = self.secret_file     # read by the server's process: not moved under root
         self.state_dir = self.rooted(p["state_dir"])
         self.state_file = os.path.join(self.state_dir, "%s.json" % self.stem)
         self.result = {"changed": False, "restarted": False, "reasons": [], "files_changed": [], "gpu_processes": [],
@@ -368,9 +410,11 @@ class Service(object):
         if opts.get("api_key") not in (None, False):
             raise Failure("options.api_key: pass the API key as the module's api_key (no_log), not in options",
                           remedy="Move the key to api_key: it then stays out of the unit file and the logs.")
-        if p["api_key"]:
-            opts["api_key"] = True
-        env = su.secret_env(api_key=p["api_key"] or None)
+        if p["api_key"] and opts.get("config") not in (None, False):
+            raise Failure("options.config: SGLang takes one --config file, and it carries the API key (api_key)",
+                          phase="not_started", remedy="Move the settings of your config file into options, or leave api_key empty.")
+        secret = su.secret_config(p["api_key"] or None)
+        env = {}
         nofile = p["limit_nofile"]
         try:
             with open(self.rooted("/proc/1/limits")) as f:
@@ -382,17 +426,69 @@ class Service(object):
                         "(raise the container's limit, e.g. lxc.prlimit.nofile, to get more)" % (nofile, hard, hard))
             nofile = hard
         try:
+            secret_file = self.secret_file if secret else None
+            restart = dict((k, p[k]) for k in su.RESTART_DEFAULTS)
             unit_text = su.render_unit(self.unit, p["venv"], opts, env_file=self.env_file, launcher=p["launcher"],
                                        log_dir=p["log_dir"], environment=p["environment"], timeout_stop_sec=p["timeout_stop_sec"],
-                                       user=p["user"], python=p["python"], limit_nofile=nofile)
+                                       user=p["user"], python=p["python"], limit_nofile=nofile, secret_file=secret_file, restart=restart)
             env_text = su.render_env(env)
-            line = su.exec_start(p["venv"], opts, self.stem, launcher=p["launcher"], log_dir=p["log_dir"], python=p["python"])[1]
+            line = su.exec_start(p["venv"], opts, self.stem, launcher=p["launcher"], log_dir=p["log_dir"], python=p["python"],
+                                 secret_file=secret_file)[1]
         except su.OptionError as e:
-            raise Failure("options: %s" % e, remedy="Fix the option it names in sglang_server_options.")
+            raise Failure(str(e), phase="not_started",
+                          remedy="Fix the value it names (sglang_server_options or sglang_server_environment); nothing was changed.")
         self.opts = opts
-        self.unit_text, self.env_text, self.exec_line = unit_text, env_text, line
-        self.fingerprint = su.config_fingerprint(unit_text + su.LAUNCHER_SCRIPT, env_text)
+        self.unit_text, self.env_text, self.exec_line, self.secret_text = unit_text, env_text, line, secret
+        self.fingerprint = su.config_fingerprint(unit_text + su.LAUNCHER_SCRIPT, env_text + (secret or ""))
         self.result["exec_start"] = line
+
+    # ---- validation (before the running server is touched) --------------------------
+    def check_probe_regex(self):
+        rx = self.p["probe_regex"]
+        if rx:
+            try:
+                re.compile(rx)
+            except re.error as e:
+                raise Failure("sglang_server_probe.regex %r does not compile: %s" % (rx, e), phase="not_started",
+                              remedy="Fix sglang_server_probe.regex (a Python regular expression); nothing was changed.")
+
+    def known_flags(self):
+        py = self.p["python"] or os.path.join(self.p["venv"], "bin", "python")
+        rc, out, err = self.run([py, "-c", su.FLAGS_PROBE])
+        try:
+            return json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
+        except (ValueError, IndexError):
+            rc, err = 1, out
+        self.m.warn("option names not checked: %s -c could not list the installed SGLang's flags: %s" % (py, (err or "").strip()[-300:]))
+        return None
+
+    def validate(self, facts, our_pids):
+        """Every check that needs no change: option names against the installed SGLang, value ranges, GPUs for tp,
+        the port; all problems in one failure, before the old server is stopped."""
+        opts, problems, phase = self.opts, [], "not_started"
+        flags = self.known_flags()
+        for key, flag, close in su.unknown_options(opts, flags) if flags else []:
+            problems.append("option %s: the installed SGLang has no %s%s" % (key, flag, (" (did you mean %s?)" % ", ".join(close)) if close else ""))
+        problems += ["option %s" % msg for _key, msg in su.range_problems(opts)]
+        need = su.gpus_needed(opts)
+        if need > len(facts["gpus"]):
+            problems.append("option tp_size: the server needs %d GPUs (tp_size x pp_size x dp_size from base_gpu_id) but NVML sees %d "
+                            "in this container; lower tp_size or pass more GPUs to the container" % (need, len(facts["gpus"])))
+        port = opts.get("port", 30000)
+        if not any(k == "port" for k, _m in su.range_problems(opts)) and self.port_busy(port, our_pids):
+            problems.append("option port: port %s is taken by another process (not this unit's server): stop it (ss -ltnp "
+                            "sport = :%s finds it) or choose another port" % (port, port))
+            phase = "port_in_use" if len(problems) == 1 else phase
+        if problems:
+            raise Failure("invalid server settings, refused before the running server was touched: %s" % "; ".join(problems),
+                          phase=phase, evidence=problems,
+                          remedy="Fix each setting named in sglang_server_options and re-run; the running server was left serving.")
+
+    def port_busy(self, port, our_pids):
+        listeners = []
+        for name in ("tcp", "tcp6"):
+            listeners += su.parse_proc_net_tcp(read_text("/proc/net/%s" % name))
+        return su.port_taken(port, listeners, su.socket_inodes(our_pids))
 
     # ---- the plan -------------------------------------------------------------------
     def compute_plan(self, facts, baseline):
@@ -519,6 +615,8 @@ class Service(object):
                                    "after_header": self.unit_path}
         if read_text(self.env_path) != self.env_text:
             changed.append(self.env_path)
+        if read_text(self.secret_path) != self.secret_text:
+            changed.append(self.secret_path)
         if read_text(self.p["launcher"]) != su.LAUNCHER_SCRIPT or (os.path.exists(self.p["launcher"]) and not os.access(self.p["launcher"], os.X_OK)):
             changed.append(self.p["launcher"])
         self.result["files_changed"] = changed
@@ -529,6 +627,13 @@ class Service(object):
             if not os.path.isdir(d):
                 os.makedirs(d, 0o700)
             write_atomic(self.env_path, self.env_text, 0o600)
+        if self.secret_path in changed:
+            if self.secret_text is None:
+                os.unlink(self.secret_path)
+            else:
+                if not os.path.isdir(os.path.dirname(self.secret_path)):
+                    os.makedirs(os.path.dirname(self.secret_path), 0o700)
+                write_atomic(self.secret_path, self.secret_text, 0o600)
         if self.p["launcher"] in changed:
             write_atomic(self.p["launcher"], su.LAUNCHER_SCRIPT, 0o755)
         if self.unit_path in changed:
@@ -564,6 +669,7 @@ class Service(object):
 
     # ---- main -----------------------------------------------------------------------
     def started(self):
+        self.check_probe_regex()
         self.render()
         props = self.show()
         running = props.get("ActiveState") in ("active", "activating", "reloading")
@@ -580,6 +686,7 @@ class Service(object):
         elif stored.get("fingerprint") != self.fingerprint:
             reasons.append("the rendered unit, environment file or launcher differ from those the running server was started with")
         self.result["reasons"] = reasons
+        self.result["nrestarts"] = su.nrestarts(props)
         if not reasons:
             changed = self.write_files()
             self.result["changed"] = bool(changed)
@@ -590,6 +697,7 @@ class Service(object):
                 self.result["plan"] = stored["plan"]
             return
         # a (re)start is needed: refuse early, before touching the running server
+        self.validate(facts, ours)
         foreign = [h for h in holders if h["visible"] and not h["ours"]]
         if foreign:
             self.fail_held(foreign, facts, "a process that is not this unit's holds GPU memory")
@@ -612,6 +720,9 @@ class Service(object):
         old_target = os.path.realpath(link) if os.path.lexists(link) else None
         facts = self.stop_and_release(props, ours)
         self.result["gpu_used_mib"] = su.used_mib(facts)
+        # a start of ours must not count against StartLimitBurst= (systemd 252 src/core/unit.c unit_reset_failed()
+        # resets the start rate limit); a failed state from an earlier launch is cleared with it
+        self.run([self.systemctl, "reset-failed", self.unit])
         rc, out, err = self.run([self.systemctl, "start", self.unit])
         if rc != 0:
             raise Failure("systemctl start %s failed (rc=%s): %s" % (self.unit, rc, (err or out).strip()), phase="not_started",
@@ -668,6 +779,12 @@ def main():
             idle_used_mib=dict(type="int", default=1024),
             timeout_stop_sec=dict(type="int", default=120),
             limit_nofile=dict(type="int", default=65536),
+            restart=dict(type="str", default="on-failure", choices=["no", "on-failure", "on-abnormal", "always"]),
+            restart_sec=dict(type="int", default=30),
+            start_limit_interval_sec=dict(type="int", default=3600),
+            start_limit_burst=dict(type="int", default=3),
+            probe_regex=dict(type="str"),
+            secret_file=dict(type="path"),
             user=dict(type="str"),
             log_dir=dict(type="path", default="/var/log/sglang"),
             launcher=dict(type="path", default=su.LAUNCHER_PATH),

@@ -66,6 +66,14 @@ while True:
     time.sleep(1)
 """
 
+SRV = r"""
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; print('child up', flush=True); time.sleep(300)"])
+print("server_args=ServerArgs(port=30000, api_key='sk-lab-secret', admin_api_key=None)", flush=True)
+open("/run/srv.ready", "w").write(str(os.getpid()))
+time.sleep(300)
+"""
+
 UNIT = """\
 [Unit]
 Description=lab test %(tag)s
@@ -213,6 +221,7 @@ def scenario(T):  # noqa: C901  one long, linear story
         "envf": "[Service]\nType=oneshot\nEnvironmentFile=/etc/envf.env\nExecStart=/bin/sh -c 'echo \"$0 $1\" > /run/envf.out' "
                 "${SECRET} $WORDS\n",
         "badshot": "[Service]\nType=oneshot\nExecStart=/bin/false\n",
+        "limited": "[Unit]\nStartLimitBurst=2\nStartLimitIntervalSec=60\n[Service]\nExecStart=/bin/sleep 300\n",
     }
     for name, text in units.items():
         path = os.path.join(T, "u.service")
@@ -230,6 +239,35 @@ def scenario(T):  # noqa: C901  one long, linear story
             break
         time.sleep(0.1)
     obs["flaky_show"] = fp
+    # systemd 252 unit_reset_failed(): reset-failed resets the start rate limit whatever the state (sglang_service relies on it)
+    ct("systemctl", "start", "limited")
+    ct("systemctl", "restart", "limited")       # 2 starts: the burst
+    ct("systemctl", "reset-failed", "limited")  # while active
+    obs["limited_restart"] = ct("systemctl", "restart", "limited")
+    ct("systemctl", "stop", "limited")
+    # the serve unit's launcher under this init: per-launch log through the redacting FIFO, Restart=on-failure after a
+    # SIGKILL of the main process (issue 12)
+    sys.path.insert(0, os.path.join(REPO, ".collections"))
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+    for name, text, perms in (("launch", su.LAUNCHER_SCRIPT, "0755"), ("srv.py", SRV, "0644")):
+        with open(os.path.join(T, name), "w") as f:
+            f.write(text)
+        runtime.push(129, os.path.join(T, name), "/root/%s" % name, perms=perms, root=T)
+    with open(os.path.join(T, "u.service"), "w") as f:
+        f.write("[Unit]\nStartLimitBurst=3\nStartLimitIntervalSec=60\n[Service]\n"
+                "ExecStart=/root/launch /var/log/srv srv /usr/bin/python3 /root/srv.py\nRestart=on-failure\nRestartSec=0.2\n"
+                "KillMode=control-group\nTimeoutStopSec=5\n")
+    runtime.push(129, os.path.join(T, "u.service"), "/etc/systemd/system/srv.service", root=T)
+    ct("systemctl", "start", "srv")
+    wait_file("/run/srv.ready")
+    _, before = show("srv.service", ["MainPID", "InvocationID", "NRestarts"])
+    ct("rm", "-f", "/run/srv.ready")
+    ct("kill", "-9", before["MainPID"])
+    wait_file("/run/srv.ready")
+    _, after = show("srv.service", ["MainPID", "InvocationID", "NRestarts", "ActiveState"])
+    obs["srv"] = {"before": before, "after": after,
+                  "logs": ct("sh", "-c", "cat /var/log/srv/srv-*.log")["out"], "ls": ct("ls", "-a", "/var/log/srv")["out"]}
+    ct("systemctl", "stop", "srv")
     obs["envf_start"] = ct("systemctl", "start", "envf")
     obs["envf_out"] = ct("cat", "/run/envf.out")["out"]
     obs["badshot_start"] = ct("systemctl", "start", "badshot")
@@ -458,6 +496,19 @@ def test_restart_on_failure_then_start_limit(obs):
     assert int(p["NRestarts"]) == 5  # "restart counter is at 5", then "Start request repeated too quickly."
     assert (p["ExecMainCode"], p["ExecMainStatus"]) == ("1", "3")
     assert "Scheduled restart job" in obs["journal"]
+
+
+def test_reset_failed_resets_the_start_limit_while_active(obs):
+    assert obs["limited_restart"]["rc"] == 0, obs["limited_restart"]
+
+
+def test_serve_launcher_redacts_and_a_killed_main_process_is_restarted(obs):
+    s = obs["srv"]
+    assert s["after"]["ActiveState"] == "active" and s["after"]["MainPID"] != s["before"]["MainPID"]
+    assert s["after"]["InvocationID"] != s["before"]["InvocationID"]
+    assert int(s["after"]["NRestarts"]) == int(s["before"]["NRestarts"]) + 1
+    assert s["logs"].count("api_key='<redacted>'") == 2 and "sk-lab-secret" not in s["logs"]
+    assert s["logs"].count("child up") == 2 and ".fifo" not in s["ls"]
 
 
 def test_environment_file_expansion_and_oneshot(obs):

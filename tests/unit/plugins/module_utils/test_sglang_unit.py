@@ -41,26 +41,26 @@ def test_bad_options_are_named(bad):
         su.render_flags(bad)
 
 
-def test_api_key_never_literal():
+def test_api_key_never_in_argv_or_unit():
+    """Finding 4: the key reaches the server through --config <0600 file> (real 0.5.11 prepare_server_args reads it),
+    never as an argument; an api_key option is refused."""
     key = "sk-very-secret"
-    opts = dict(KPRO5, api_key=True)
-    argv = su.render_flags(opts)
-    assert argv[-2:] == ["--api-key", "${SGLANG_API_KEY}"] and key not in " ".join(argv)
-    env = su.secret_env(api_key=key)
-    unit = su.render_unit("sglang.service", "/opt/sglang/venv", opts, env_file="/etc/kpro-gpu-serving/sglang.env")
-    assert key not in unit
+    unit = su.render_unit("sglang.service", "/opt/sglang/venv", KPRO5, env_file="/etc/kpro-gpu-serving/sglang.env",
+                          secret_file="/etc/kpro-gpu-serving/sglang-secrets.yaml")
+    assert key not in unit and "--api-key" not in unit and "SGLANG_API_KEY" not in unit
     exec_line = [ln for ln in unit.splitlines() if ln.startswith("ExecStart=")][0]
-    assert exec_line.endswith("--api-key ${SGLANG_API_KEY}")
-    assert "EnvironmentFile=/etc/kpro-gpu-serving/sglang.env" in unit
-    assert su.render_env(env).splitlines()[-1] == 'SGLANG_API_KEY="sk-very-secret"'
-    # a literal key in the options is still rendered as the reference
-    assert key not in " ".join(su.render_flags(dict(KPRO5, api_key=key)))
+    assert exec_line.endswith("--config /etc/kpro-gpu-serving/sglang-secrets.yaml")
+    assert su.secret_config(key).splitlines()[-1] == 'api_key: "sk-very-secret"'
+    assert su.secret_config("") is None
+    with pytest.raises(su.OptionError):
+        su.render_flags(dict(KPRO5, api_key=key))
 
 
 def test_unit_text():
     unit = su.render_unit("sglang.service", "/opt/sglang/venv", KPRO5, environment={"NCCL_P2P_DISABLE": "1"})
     lines = unit.splitlines()
-    assert "Type=simple" in lines and "KillMode=control-group" in lines and "Restart=no" in lines
+    assert "Type=simple" in lines and "KillMode=control-group" in lines and "Restart=on-failure" in lines
+    assert "RestartSec=30" in lines and "StartLimitIntervalSec=3600" in lines and "StartLimitBurst=3" in lines
     assert "TimeoutStopSec=120" in lines and "Environment=NCCL_P2P_DISABLE=1" in lines
     exec_line = [ln for ln in lines if ln.startswith("ExecStart=")][0]
     assert exec_line.startswith("ExecStart=/usr/local/lib/kpro-gpu-serving/sglang-launch /var/log/sglang sglang "

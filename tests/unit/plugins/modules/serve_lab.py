@@ -180,16 +180,17 @@ class ServeLab(object):
     def launch(self, launch_id, drill="", api_key=None, **opts):
         """Start the stand-in by hand through the launcher (pid mode), as the unit would."""
         self.write_launcher()
+        from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_unit import secret_config
         options = self.options(**opts)
-        if api_key:
-            options["api_key"] = True
         env = dict(os.environ)
         env.pop("CUDA_VISIBLE_DEVICES", None)
         env.update(self.server_env(drill))
         env["INVOCATION_ID"] = launch_id
-        if api_key:
-            env["SGLANG_API_KEY"] = api_key
-        argv = [w.replace("${SGLANG_API_KEY}", api_key or "") for w in self.argv(options)]
+        argv = self.argv(options)
+        if api_key:     # as the unit does: the key in a --config file, not in argv
+            secrets = self.tmp / "secrets.yaml"
+            secrets.write_text(secret_config(api_key))
+            argv += ["--config", str(secrets)]
         proc = subprocess.Popen(["sh", str(self.launcher), str(self.log_dir), "sglang"] + argv, env=env, cwd=str(self.tmp),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.started.append(proc.pid)

@@ -121,7 +121,7 @@ def test_no_log_for_this_launch_is_not_started(serve_lab, tmp_path):
 def service_args(lab, **kw):
     args = {"unit": "sglang.service", "venv": "/nonexistent", "python": __import__("sys").executable, "options": lab.options(),
             "api_key": "s3cret-key", "environment": lab.server_env(), "model_dir": str(lab.model), "log_dir": str(lab.log_dir),
-            "launcher": str(lab.launcher), "root": str(lab.root),
+            "launcher": str(lab.launcher), "root": str(lab.root), "secret_file": str(lab.root / "etc/kpro-gpu-serving/sglang-secrets.yaml"),
             "systemctl": lab.systemctl, "cgroup_root": str(lab.root / "sys/fs/cgroup"), "release_timeout": 15}
     args.update(kw)
     return args
@@ -169,10 +169,12 @@ def test_service_launch_gate_rerun_and_stop(serve_lab):
         res = service(lab)
         assert res["changed"] is True and res["restarted"] is True and res["plan"]["fits"] is True
         unit = open(res["unit_path"]).read()
-        assert "s3cret-key" not in unit and "s3cret-key" not in res["exec_start"] and "${SGLANG_API_KEY}" in unit
-        assert "KillMode=control-group" in unit and "Restart=no" in unit
-        env_file = lab.root / "etc/kpro-gpu-serving/sglang.env"
-        assert oct(env_file.stat().st_mode & 0o777) == "0o600" and "s3cret-key" in env_file.read_text()
+        assert "s3cret-key" not in unit and "s3cret-key" not in res["exec_start"] and "--api-key" not in unit
+        assert "--config %s" % (lab.root / "etc/kpro-gpu-serving/sglang-secrets.yaml") in unit
+        assert "KillMode=control-group" in unit and "Restart=on-failure" in unit
+        secrets = lab.root / "etc/kpro-gpu-serving/sglang-secrets.yaml"
+        assert oct(secrets.stat().st_mode & 0o777) == "0o600" and "s3cret-key" in secrets.read_text()
+        assert "s3cret-key" not in (lab.root / "etc/kpro-gpu-serving/sglang.env").read_text()
         assert res["log_path"].endswith("sglang-%s.log" % res["launch_id"])
         pid1 = main_pid(lab)
         lab.started.append(pid1)

@@ -1260,10 +1260,12 @@ def handle(req):
     elif verb == "reset-failed":
         for n in names or list(SVC):
             s = SVC.get(n)
+            if s:
+                # systemd 252 src/core/unit.c unit_reset_failed(): the start rate limit is reset in any state
+                s.starts = []
             if s and s.active == "failed":
                 s.result = "success"
                 s.set("inactive", "dead")
-                s.starts = []
     elif verb == "is-system-running":
         out["out"] = "stopping\n" if SHUTDOWN.is_set() else "running\n"
     elif verb == "kill":

@@ -2,10 +2,13 @@
 and ServerArgs.__post_init__'s resolution and warnings."""
 
 import argparse
+import json
 import os
 import shutil
+import sys
 
 from sglang.srt._kpro_lab import memory, util
+from sglang.srt._kpro_lab.flags_0_5_11 import FLAGS as REAL_FLAGS
 from sglang.version import __version__
 
 SPEC_CHOICES = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
@@ -125,11 +128,97 @@ OPTIONS = [
 ]
 
 
-def build_parser():
-    parser = argparse.ArgumentParser()
+class _Deprecated(argparse.Action):
+    """Real 0.5.11 DeprecatedAction (server_args.py:7433): no value, a warning."""
+
+    def __init__(self, option_strings, dest, nargs=0, **kwargs):
+        super(_Deprecated, self).__init__(option_strings, dest, nargs=nargs, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sys.stderr.write("The command line argument '%s' is deprecated and will be removed in future versions.\n" % option_string)
+
+
+def add_cli_args(parser):
+    """The modelled OPTIONS, then every other flag of the real 0.5.11 (flags_0_5_11.py) as the real parser declares
+    it (value, bare flag, --x/--no-x), so the option names accepted are exactly the real ones."""
+    seen = set()
     for flags, kw in OPTIONS:
         parser.add_argument(*flags, **kw)
+        seen.update(flags)
+    for flags, kind, nargs, dest in REAL_FLAGS:
+        if seen.intersection(flags):
+            continue
+        kw = {"dest": dest} if dest else {}
+        if kind == "store_true":
+            kw["action"] = "store_true"
+        elif kind == "bool_optional":
+            kw.update(action=argparse.BooleanOptionalAction if hasattr(argparse, "BooleanOptionalAction") else "store_true")
+        elif kind == "deprecated":
+            kw["action"] = _Deprecated
+        elif nargs is not None:
+            kw["nargs"] = nargs
+        parser.add_argument(*flags, **kw)
     return parser
+
+
+def build_parser():
+    return add_cli_args(argparse.ArgumentParser(prog="sglang serve"))
+
+
+def merge_config(argv):
+    """Real 0.5.11 prepare_server_args (server_args.py:7280) + ConfigArgumentMerger (server_args_config_parser.py):
+    ``--config <file.yaml>``: the file's keys become ``--key value`` arguments placed before the command line's
+    (CLI > config > defaults), in this process only (the process's argv is unchanged)."""
+    if "--config" not in argv:
+        return argv
+    idx = [i for i, x in enumerate(argv) if x == "--config"]
+    if len(idx) > 1:
+        raise ValueError("Multiple config files specified! Only one allowed.")
+    i = idx[0]
+    if i == len(argv) - 1:
+        raise ValueError("No config file specified after --config flag!")
+    path = argv[i + 1]
+    if os.path.splitext(path)[1].lower() not in (".yaml", ".yml"):
+        raise ValueError("Config file must be YAML format, got: %s" % os.path.splitext(path)[1])
+    if not os.path.exists(path):
+        raise ValueError("Config file not found: %s" % path)
+    with open(path) as f:
+        data = _load_yaml(f.read()) or {}
+    if not isinstance(data, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    out = []
+    for key, value in data.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                out.append(flag)
+        elif isinstance(value, list):
+            out += [flag] + [str(v) for v in value]
+        else:
+            out += [flag, str(value)]
+    return out + argv[:i] + argv[i + 2:]
+
+
+def _load_yaml(text):
+    """yaml.safe_load when PyYAML is there (real SGLang depends on it); else the flat ``key: scalar`` subset with
+    JSON-quoted strings that kpro.gpu_serving writes."""
+    try:
+        import yaml
+        return yaml.safe_load(text)
+    except ImportError:
+        pass
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _sep, val = line.partition(":")
+        val = val.strip()
+        try:
+            out[key.strip()] = json.loads(val)
+        except ValueError:
+            out[key.strip()] = val
+    return out
 
 
 def field_order():
@@ -165,7 +254,7 @@ def version_tuple(v=__version__):
 
 def prepare(argv):
     """argparse + __post_init__. Returns (ServerArgs, ModelFacts); raises like the real one."""
-    ns = build_parser().parse_args(argv)
+    ns = build_parser().parse_args(merge_config(list(argv)))
     a = ServerArgs(ns)
     util.set_levels(a.log_level, a.log_level_http)
     if a.tokenizer_path is None:

@@ -628,4 +628,10 @@ def launch(argv):
         sys.stderr.write("kpro-lab sglang stand-in: unknown drill(s) %s (known: %s)\n" % (", ".join(unknown), ", ".join(util.KNOWN_DRILLS)))
         sys.exit(70)
     a, facts = sargs.prepare(argv)
-    Main(a, facts, drills).run()
+    m = Main(a, facts, drills)
+    try:
+        m.run()
+    finally:
+        # real 0.5.11 sglang/launch_server.py:69-71: an exception out of the server (e.g. uvicorn's bind with a
+        # port > 65535: "OverflowError: bind(): port must be 0-65535.") ends the children, then the process (exit 1)
+        m.kill_process_tree(include_parent=False)

@@ -1,0 +1,122 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Issue 12, findings 1, 3, 6: a bad setting fails before the serving server is touched (same main PID, same files)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import threading
+
+import pytest
+
+from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.serve_lab import (  # noqa: F401  pylint: disable=unused-import
+    STANDIN, alive, fakenvml, serve_lab)
+from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.test_sglang_gate import main_pid, reaper, service
+
+
+def _files(lab):
+    out = {}
+    for d, _dirs, files in os.walk(str(lab.root / "etc")):
+        for f in files:
+            with open(os.path.join(d, f), "rb") as fh:
+                out[os.path.join(d, f)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+@pytest.fixture
+def serving(serve_lab, monkeypatch):
+    """A serving server started by the module; the flags probe finds the stand-in (as <venv>/bin/python would)."""
+    lab = serve_lab
+    monkeypatch.setenv("PYTHONPATH", STANDIN)
+    stop = threading.Event()
+    threading.Thread(target=reaper, args=(lab, stop), daemon=True).start()
+    res = service(lab, restart_sec=1)
+    lab.started.append(main_pid(lab))
+    yield lab, res
+    stop.set()
+    lab.record()
+    subprocess.run([lab.systemctl, "stop", "sglang.service"], env=dict(os.environ), check=False, capture_output=True)
+
+
+def _other_listener():
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s
+
+
+BAD = [
+    ("unknown option", {"mem_fraction_statc": 0.8}, "not_started", "the installed SGLang has no --mem-fraction-statc (did you mean mem_fraction_static?)"),
+    ("tp above the GPUs", {"tp_size": 4}, "not_started", "needs 4 GPUs (tp_size x pp_size x dp_size from base_gpu_id) but NVML sees 2"),
+    ("mem_fraction_static 1.0", {"mem_fraction_static": 1.0}, "not_started", "mem_fraction_static=1.0 is out of range"),
+    ("mem_fraction_static 0", {"mem_fraction_static": 0}, "not_started", "mem_fraction_static=0 is out of range"),
+    ("port 70000", {"port": 70000}, "not_started", "port=70000 is out of range"),
+    ("port 0", {"port": 0}, "not_started", "port=0 is out of range"),
+    ("newline in an option", {"chat_template": "a\nExecStartPre=/bin/sh"}, "not_started", "option chat_template: the value contains the control character"),
+]
+
+
+@pytest.mark.parametrize("name,change,phase,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_option_fails_before_the_server_is_touched(serving, name, change, phase, message):
+    lab, _res = serving
+    pid, files = main_pid(lab), _files(lab)
+    res = service(lab, expect_ok=False, options=lab.options(**change))
+    assert res["phase"] == phase and message in res["msg"], res["msg"]
+    assert main_pid(lab) == pid and alive(pid) and _files(lab) == files
+
+
+def test_killed_server_is_restarted_by_the_unit(serving):
+    """Finding 5: Restart=on-failure; the SIGKILLed main process is replaced and the server answers again (NRestarts is
+    asserted in the lab, tests/lab_tests/test_serve_safety.py: this systemctl stand-in of the host does not count)."""
+    import signal
+    import time
+    import urllib.request
+    lab, _res = serving
+    pid = main_pid(lab)
+    os.kill(pid, signal.SIGKILL)
+    deadline, answered = time.time() + 90, None
+    while time.time() < deadline and answered != 200:
+        time.sleep(1)
+        new = main_pid(lab)
+        if new and new != pid:
+            lab.started.append(new)
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/health" % lab.port, timeout=5) as r:
+                    answered = r.status
+            except OSError:
+                pass
+    assert answered == 200
+
+
+def test_port_taken_by_another_process(serving):
+    lab, _res = serving
+    pid, files = main_pid(lab), _files(lab)
+    s = _other_listener()
+    try:
+        res = service(lab, expect_ok=False, options=lab.options(port=s.getsockname()[1]))
+    finally:
+        s.close()
+    assert res["phase"] == "port_in_use" and "is taken by another process" in res["msg"]
+    assert main_pid(lab) == pid and alive(pid) and _files(lab) == files
+
+
+def test_our_own_port_is_not_taken(serving):
+    """The running server's own listener does not count: an option change on the same port restarts."""
+    lab, _res = serving
+    res = service(lab, options=lab.options(max_running_requests=8))
+    assert res["restarted"] is True
+
+
+def test_newline_in_environment_and_bad_regex(serving):
+    lab, _res = serving
+    pid, files = main_pid(lab), _files(lab)
+    env = dict(lab.server_env(), NCCL_DEBUG="WARN\nExecStartPre=/bin/false")
+    res = service(lab, expect_ok=False, environment=env)
+    assert "environment variable NCCL_DEBUG" in res["msg"] and "control character" in res["msg"]
+    res = service(lab, expect_ok=False, probe_regex="(?i)par(is")
+    assert "sglang_server_probe.regex" in res["msg"]
+    assert main_pid(lab) == pid and alive(pid) and _files(lab) == files
