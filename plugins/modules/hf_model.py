@@ -113,9 +113,9 @@ options:
     type: path
   verify_full:
     description:
-      - Hash every file again, ignoring the checksums remembered from earlier runs (implies O(verify)). Slow: it reads
+      - "Hash every file again, ignoring the checksums remembered from earlier runs (implies O(verify)). Slow: it reads
         the whole model. The remembered checksums are already void for a file whose size, inode, mtime or ctime
-        changed (a write in place changes ctime, which C(touch) cannot set back).
+        changed (a write in place changes ctime, which C(touch) cannot set back)."
     type: bool
     default: false
   lock_timeout:
@@ -129,11 +129,11 @@ options:
     default: 14400
   job:
     description:
-      - Watch mode. The C(results_file) of an C(async) run of this module (C(poll=0)); nothing is downloaded. Returns
+      - "Watch mode. The C(results_file) of an C(async) run of this module (C(poll=0)); nothing is downloaded. Returns
         the job's result once it finished (and removes the job file), else C(finished=false) while a live process holds
         the directory lock, and fails with phase C(download_died) when the job is not finished and no process holds
         the lock (after a 30 s start grace): a download killed with its wrapper (OOM killer, container restart) is
-        noticed at the next poll instead of at the C(async) timeout.
+        noticed at the next poll instead of at the C(async) timeout."
     type: path
 attributes:
   check_mode:
@@ -443,6 +443,7 @@ def _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, mar
         if msg:
             fail(msg, needed_bytes=pl["bytes_needed"], free_bytes=free, margin_bytes=p["min_free_bytes_margin"],
                  files=pl["files"], bytes_total=pl["bytes_total"], downloaded=[])
+        _access_check(client, repo_id, commit, pl["todo"][0], fail)
         result["changed"] = True
         result["downloaded"] = [e["path"] for e in pl["todo"]]
         result["resumed"] = [e["path"] for e in pl["todo"] if statuses[e["path"]]["state"] == "partial"]
@@ -452,6 +453,16 @@ def _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, mar
         hf.save_markers(local_dir, markers)
     result["verified"] = _count_verified(local_dir, entries, markers)
     module.exit_json(**dict((k, v) for k, v in result.items() if not k.startswith("_")))
+
+
+def _access_check(client, repo_id, commit, entry, fail):
+    """HEAD of one file to fetch: a refused token fails here, in the check-mode probe, before anything is written."""
+    if client is None:
+        return
+    try:
+        client.file_location(repo_id, commit, entry)
+    except Exception as e:  # pylint: disable=broad-except
+        fail("%s@%s: %s: %s" % (repo_id, commit, type(e).__name__, e), downloaded=[])
 
 
 def _count_verified(local_dir, entries, markers):
