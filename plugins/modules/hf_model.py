@@ -313,8 +313,10 @@ def _watch(module, p, local_dir, progress_file):
         module.exit_json(changed=False, finished=False, job_state=state["state"], holder=state.get("holder"),
                          bytes_done=prog.get("bytes_done"), bytes_total=prog.get("bytes_total"), path=local_dir)
     res = dict(state["result"], finished=True)
-    for k in ("ansible_job_id", "results_file", "started", "invocation", "_ansible_no_log"):
+    for k in ("ansible_job_id", "results_file", "started", "invocation", "_ansible_no_log", "deprecations"):
         res.pop(k, None)
+    for w in res.pop("warnings", None) or []:  # the job's warnings, serialized: warn them again
+        module.warn(w.get("event", {}).get("msg", str(w)) if isinstance(w, dict) else str(w))
     with contextlib.suppress(OSError):
         os.unlink(p["job"])
     if res.get("failed"):

@@ -380,9 +380,11 @@ def test_watch_mode_result_running_and_died(clean, tmp_path):
     job = tmp_path / "job"
     base = args_for(hub, model, job=str(job))
     # a finished job: its result, and the job file is gone
-    job.write_text(json.dumps({"changed": True, "bytes_downloaded": 7, "ansible_job_id": "1.2"}))
+    job.write_text(json.dumps({"changed": True, "bytes_downloaded": 7, "ansible_job_id": "1.2", "warnings": [
+        {"event": {"msg": "checksum mismatch, downloading again: x"}, "__ansible_type": "WarningSummary"}, "plain"]}))
     r = run(base)
     assert r["finished"] is True and r["changed"] is True and r["bytes_downloaded"] == 7 and not job.exists()
+    assert r["warnings"] == ["checksum mismatch, downloading again: x", "plain"]
     # a job that ended without a result and holds no lock: download_died with the remedy
     job.write_text(json.dumps({"started": True, "finished": False, "ansible_job_id": "1.2"}))
     os.utime(str(job), (time.time() - 120, time.time() - 120))
@@ -410,3 +412,18 @@ def test_token_file_consumed_and_bad_local_dir_refused(private_hub, tmp_path):
         r = run_fail(args_for(hub, bad))
         assert words in r["msg"] and r["phase"] == "model_input"
     assert not (tmp_path / "my model").exists() and not os.path.exists("relative")
+
+
+def test_refused_token_fails_in_check_mode_before_any_write(private_hub, tmp_path):
+    """The listing is cached (an earlier run), a file is missing: the check-mode probe asks the hub for that file,
+    so a token it refuses fails there, not later in the background job."""
+    hub = private_hub
+    model = tmp_path / "model"
+    run(args_for(hub, model, token=TOKEN, allow_patterns=["*.json"]))
+    (model / "config.json").unlink()
+    before = sorted(str(p) for p in model.rglob("*"))
+    bad = "hf_wrongTokenValue987654321"
+    r = run_fail(args_for(hub, model, token=bad, allow_patterns=["*.json"]), check_mode=True)
+    assert "Invalid credentials" in r["msg"] or "401" in r["msg"], r["msg"]
+    assert bad not in json.dumps(r)
+    assert sorted(str(p) for p in model.rglob("*")) == before
