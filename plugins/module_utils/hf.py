@@ -699,6 +699,13 @@ def download_one(client, repo_id, commit, local_dir, entry, progress, verify=Tru
                     raise HfError("%s: %s: %s (stopped at %d of %d bytes; a re-run resumes from there)" % (
                         entry["path"], type(e).__name__, e, have, size))
                 time.sleep(backoff * attempt)
+    return _publish(local_dir, entry, commit, part, final, hasher if algo is not None else None, digest)
+
+
+def _publish(local_dir, entry, commit, part, final, hasher, digest):
+    """Rename the partial file into place only when its size on disk and its hash match; the marker (or None)."""
+    size = entry["size"]
+    algo = hasher.algo if hasher is not None else None
     on_disk = os.path.getsize(part)
     if on_disk != size:  # another writer (only without the directory lock) or a changed file: never publish it
         os.unlink(part)
