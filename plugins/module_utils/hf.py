@@ -451,7 +451,7 @@ def died_failure(results_file, local_dir, state, progress_file):
         evidence.append("last progress: %s of %s bytes, %s, written by PID %s at %s" % (
             prog.get("bytes_done"), prog.get("bytes_total"), prog.get("state"), prog.get("pid"),
             time.strftime("%H:%M:%S", time.localtime(prog.get("updated") or 0))))
-    return Failure("download_died", "the background download into %s ended without a result" % local_dir,
+    return Failure("download_died", "the background download into %s ended without a result." % local_dir,
                    "run the play again: it resumes from the partial files. Look for why it died in the container "
                    "(dmesg for the OOM killer, journalctl) if it happens again", evidence)
 
