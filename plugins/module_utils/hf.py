@@ -325,6 +325,23 @@ def preflight(needed, free, margin=0):
                 needed, " + %d bytes margin" % margin if margin else "", free, needed + margin - free))
 
 
+def hub_error(repo_id, revision, endpoint, exc):
+    """An operator's message for a hub error (huggingface_hub's own first line plus what it means), token-free."""
+    name = type(exc).__name__
+    resp = getattr(exc, "response", None)
+    status = getattr(resp, "status_code", None)
+    head = "%s@%s on %s: %s: %s" % (repo_id, revision, endpoint, name, str(exc).strip().split("\n")[0])
+    if status in (401, 403):
+        return head + " - the hub refused the token: check model_hf_token (hf_token in the vault) and that it may read %s" % repo_id
+    if name == "RevisionNotFoundError":
+        return head + " - revision %s does not exist in %s: pin a commit sha the hub lists" % (revision, repo_id)
+    if name == "RepositoryNotFoundError":
+        return head + " - repository %s not found (or not visible with this token): check model_repo_id" % repo_id
+    if name in ("ConnectError", "ConnectTimeout", "ConnectionError"):
+        return head + " - the hub cannot be reached: check model_hub_endpoint and the container's network"
+    return head
+
+
 def check_local_dir(raw):
     """None when ``raw`` is usable as the model directory, else why not (it is checked before anything is written).
 

@@ -349,6 +349,10 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    try:  # first: the token file must not outlive this process, whatever fails next
+        token = hf.read_token_file(p["token_file"]) if p["token_file"] and not p["job"] else (p["token"] or None)
+    except Failure as f:
+        failure_fail(module, f, path=p["local_dir"])
     bad = hf.check_local_dir(p["local_dir"])
     if bad:
         module.fail_json(msg=bad, phase="model_input", path=p["local_dir"])
@@ -360,7 +364,6 @@ def main():
     try:
         if p["job"]:
             return _watch(module, p, local_dir, progress_file)
-        token = hf.read_token_file(p["token_file"]) if p["token_file"] else (p["token"] or None)
         if not module.check_mode:
             lock = hf.DirLock(local_dir)
             waited = lock.acquire(p["lock_timeout"])
@@ -406,7 +409,7 @@ def _run(module, p, token, local_dir, progress_file):
         except hf.HfError as e:
             error = (str(e), None)
         except Exception as e:  # pylint: disable=broad-except
-            error = ("%s@%s on %s: %s: %s" % (repo_id, revision, endpoint, type(e).__name__, e), traceback.format_exc())
+            error = (hf.hub_error(repo_id, revision, endpoint, e), traceback.format_exc())
         if error:
             fail(error[0], exception=hf.scrub(error[1], token))
         entries = hf.select_entries(entries, p["allow_patterns"], p["ignore_patterns"])
@@ -425,6 +428,8 @@ def _offline(local_dir, repo_id, commit, p, markers, verify, result):
     if cached is None:
         return None, None
     sel = hf.select_entries(cached, p["allow_patterns"], p["ignore_patterns"])
+    if not sel:  # patterns that select nothing are an error, not an empty complete model
+        return None, None
     statuses = _check_local(local_dir, sel, markers, verify, result, full=p["verify_full"])
     if not hf.plan(sel, statuses)["complete"]:
         return None, None
@@ -464,7 +469,7 @@ def _access_check(client, repo_id, commit, entry, fail):
     try:
         client.file_location(repo_id, commit, entry)
     except Exception as e:  # pylint: disable=broad-except
-        fail("%s@%s: %s: %s" % (repo_id, commit, type(e).__name__, e), downloaded=[])
+        fail(hf.hub_error(repo_id, commit, client.endpoint, e), downloaded=[])
 
 
 def _count_verified(local_dir, entries, markers):
