@@ -305,3 +305,27 @@ def test_job_state(tmp_path):
     assert st["state"] == "finished" and st["result"]["bytes_downloaded"] == 5
     f = hf.died_failure(str(job), d, gone, str(tmp_path / "none.json"))
     assert f.phase == "download_died" and "run the play again" in f.remedy
+
+
+def test_hub_error_messages():
+    class Resp(object):
+        def __init__(self, code):
+            self.status_code = code
+
+    class RepositoryNotFoundError(Exception):
+        def __init__(self, msg, code):
+            Exception.__init__(self, msg)
+            self.response = Resp(code)
+
+    class RevisionNotFoundError(RepositoryNotFoundError):
+        pass
+
+    class ConnectError(Exception):
+        pass
+
+    r, c = "Qwen/Qwen3.6-27B", "0" * 40
+    assert "refused the token" in hf.hub_error(r, c, "http://h", RepositoryNotFoundError("401 Client Error.\nmore", 401))
+    assert "not found" in hf.hub_error(r, c, "http://h", RepositoryNotFoundError("404 Client Error.", 404))
+    assert "does not exist in " + r in hf.hub_error(r, c, "http://h", RevisionNotFoundError("404 Client Error.", 404))
+    assert "cannot be reached" in hf.hub_error(r, c, "http://h", ConnectError("[Errno 111] Connection refused"))
+    assert "more" not in hf.hub_error(r, c, "http://h", RepositoryNotFoundError("401 Client Error.\nmore", 401))

@@ -427,3 +427,11 @@ def test_refused_token_fails_in_check_mode_before_any_write(private_hub, tmp_pat
     assert "Invalid credentials" in r["msg"] or "401" in r["msg"], r["msg"]
     assert bad not in json.dumps(r)
     assert sorted(str(p) for p in model.rglob("*")) == before
+
+
+def test_patterns_selecting_nothing_fail_with_a_cached_listing(clean, tmp_path):
+    hub = clean
+    model = tmp_path / "model"
+    run(args_for(hub, model, allow_patterns=["config.json"]))
+    r = run_fail(args_for(hub, model, allow_patterns=["*.gguf"]))
+    assert "no file of" in r["msg"] and "*.gguf" in r["msg"]
