@@ -13,15 +13,18 @@ an HTTP ``Range`` request.
 State kept under ``<local_dir>/.cache/kpro-hf/``:
   - ``trees/<repo>--<commit>.json``: the hub's file listing for a commit (a pinned revision is then checked
     for completeness without any network request);
-  - ``verified.json``: per file ``{size, mtime_ns, oid, sha256|sha1}`` written after a checksum matched, so
-    a complete file is not hashed again on every run;
-  - ``incomplete/``: partial files.
+  - ``verified.json``: per file ``{size, mtime_ns, ctime_ns, ino, oid, sha256|sha1}`` written after a checksum
+    matched, so a complete file is not hashed again on every run (ctime cannot be set back by ``touch``: a file
+    changed in place is hashed again);
+  - ``incomplete/``: partial files, resumed by the next run;
+  - ``download.lock``: one downloader per model directory (``flock``, the holder's PID written in it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -31,6 +34,8 @@ import shutil
 import tempfile
 import threading
 import time
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 
 try:
     from urllib.parse import urlsplit
@@ -53,6 +58,7 @@ PROGRESS_FILE = os.path.join(".cache", "kpro-progress.json")
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 CHUNK = 1024 * 1024
 LIBRARY_NAME = "kpro.gpu_serving"
+LOCK_FILE = "download.lock"
 
 
 class HfError(Exception):
@@ -195,15 +201,20 @@ def expected_digest(entry):
 
 def make_marker(entry, st):
     algo, digest = expected_digest(entry)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "oid": entry.get("oid"), "algo": algo, "digest": digest}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino,
+            "oid": entry.get("oid"), "algo": algo, "digest": digest}
 
 
 def marker_valid(marker, entry, st):
-    """A marker proves the file was checked: same size and mtime as then, same hub oid as now."""
+    """A marker proves the file was checked: same size, inode, mtime and ctime as then, same hub oid as now.
+
+    ctime is what a write in place changes and ``touch``/``os.utime`` cannot set back; markers of older
+    versions (without it) are not valid, so such files are hashed once more."""
     if not isinstance(marker, dict):
         return False
     algo, digest = expected_digest(entry)
     return (marker.get("size") == st.st_size == entry["size"] and marker.get("mtime_ns") == st.st_mtime_ns
+            and marker.get("ctime_ns") == st.st_ctime_ns and marker.get("ino") == st.st_ino
             and marker.get("oid") == entry.get("oid") and marker.get("digest") == digest)
 
 
@@ -244,11 +255,11 @@ def hash_file(path, algo, size, limit=None):
     return h
 
 
-def file_status(local_dir, entry, markers, verify=True):
+def file_status(local_dir, entry, markers, verify=True, full=False):
     """Local state of one listed file: dict(state, have, needs_hash).
 
     state: ``complete`` (right size, and verified by a valid marker or ``verify`` off), ``unverified`` (right size,
-    no valid marker: hash it to know), ``partial`` (``have`` bytes in the incomplete file), ``missing``.
+    no valid marker, or ``full``: hash it to know), ``partial`` (``have`` bytes in the incomplete file), ``missing``.
     """
     final = os.path.join(local_dir, safe_relpath(entry["path"]))
     try:
@@ -257,6 +268,8 @@ def file_status(local_dir, entry, markers, verify=True):
         st = None
     if st is not None and st.st_size == entry["size"]:
         marker = markers.get(entry["path"])
+        if full and expected_digest(entry)[0] is not None:
+            return {"state": "unverified", "have": 0, "verified": False}
         if marker_valid(marker, entry, st):
             return {"state": "complete", "have": entry["size"], "verified": True}
         if isinstance(marker, dict) and marker.get("oid") not in (None, entry.get("oid")):
@@ -310,6 +323,154 @@ def preflight(needed, free, margin=0):
     return ("not enough disk space for the model: %d bytes still to download%s, but only %d bytes free (short by %d bytes). "
             "Free space on that filesystem or point local_dir at a larger one; nothing was downloaded." % (
                 needed, " + %d bytes margin" % margin if margin else "", free, needed + margin - free))
+
+
+def hub_error(repo_id, revision, endpoint, exc):
+    """An operator's message for a hub error (huggingface_hub's own first line plus what it means), token-free."""
+    name = type(exc).__name__
+    resp = getattr(exc, "response", None)
+    status = getattr(resp, "status_code", None)
+    head = "%s@%s on %s: %s: %s" % (repo_id, revision, endpoint, name, str(exc).strip().split("\n")[0])
+    if status in (401, 403):
+        return head + " - the hub refused the token: check model_hf_token (hf_token in the vault) and that it may read %s" % repo_id
+    if name == "RevisionNotFoundError":
+        return head + " - revision %s does not exist in %s: pin a commit sha the hub lists" % (revision, repo_id)
+    if name == "RepositoryNotFoundError":
+        return head + " - repository %s not found (or not visible with this token): check model_repo_id" % repo_id
+    if name in ("ConnectError", "ConnectTimeout", "ConnectionError"):
+        return head + " - the hub cannot be reached: check model_hub_endpoint and the container's network"
+    return head
+
+
+def check_local_dir(raw):
+    """None when ``raw`` is usable as the model directory, else why not (it is checked before anything is written).
+
+    Relative paths would land under the remote user's working directory; whitespace breaks the server's command line
+    (``--model-path``) and shell tools."""
+    if not raw or not os.path.isabs(raw):
+        return "local_dir %r is not an absolute path: give the model directory from / (for example /srv/models/NAME)" % raw
+    if any(c.isspace() for c in raw):
+        return "local_dir %r contains whitespace: use a path without spaces (it becomes SGLang's --model-path)" % raw
+    if os.path.exists(raw) and not os.path.isdir(raw):
+        return "local_dir %r exists and is not a directory" % raw
+    return None
+
+
+def read_token_file(path):
+    """The token in ``path``, which is removed at once: the secret stays on the target only until the job starts."""
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise Failure("model_token", "cannot read token_file %s: %s" % (path, e.strerror),
+                      "write the token to the file just before the task (the role does this); a token file is "
+                      "removed by the run that reads it", [path])
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return token or None
+
+
+class DirLock(object):
+    """One downloader per model directory: ``flock`` on ``<local_dir>/.cache/kpro-hf/download.lock``, PID inside.
+
+    huggingface_hub's own ``WeakFileLock`` guards one file at a time; a run (listing, markers, many files) must be
+    exclusive as a whole and a waiting run must be able to name the holder, hence this lock. The kernel drops it
+    when the holder dies, so a lock left by a killed process never blocks."""
+
+    def __init__(self, local_dir):
+        self.path = state_path(local_dir, LOCK_FILE)
+        self.fd = None
+
+    def acquire(self, timeout, interval=1.0, clock=time.monotonic, sleep=time.sleep):
+        """Seconds waited for another live downloader; Failure ``model_locked`` after ``timeout`` seconds."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        start = clock()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise
+            if clock() - start >= timeout:
+                holder = read_holder(self.path)
+                os.close(fd)
+                raise Failure("model_locked", "another download into this directory is still running (PID %s) after "
+                              "waiting %d s" % (holder.get("pid"), timeout),
+                              "let it finish (watch its progress file) or end that process, then run again",
+                              [self.path, holder])
+            sleep(interval)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "since": time.time()}).encode())
+        self.fd = fd
+        return round(clock() - start, 3)
+
+    def release(self):
+        if self.fd is not None:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+
+def read_holder(path):
+    data = load_json(path, {})
+    return data if isinstance(data, dict) else {}
+
+
+def lock_holder(local_dir):
+    """The holder's record (``{pid, since}``) when a live process holds the directory's lock, else None."""
+    path = state_path(local_dir, LOCK_FILE)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return read_holder(path) or {"pid": None}
+    finally:
+        os.close(fd)
+    return None
+
+
+def job_state(results_file, local_dir, now=None, start_grace=30.0):
+    """What an async download job is doing, from Ansible's job file and the directory lock.
+
+    ``finished`` (``result``: the module's result), ``running`` (a live process holds the lock: this job or one it
+    waits for), ``starting`` (job file younger than ``start_grace``, the lock not taken yet) or ``gone`` (not finished
+    and no process holds the lock: the downloader died without writing a result)."""
+    now = time.time() if now is None else now
+    data = load_json(results_file)
+    if not isinstance(data, dict):
+        return {"state": "gone", "why": "no job file %s" % results_file}
+    if "started" not in data or data.get("finished"):
+        return {"state": "finished", "result": data}
+    holder = lock_holder(local_dir)
+    if holder is not None:
+        return {"state": "running", "holder": holder}
+    try:
+        age = now - os.stat(results_file).st_mtime
+    except OSError:
+        age = start_grace
+    if age < start_grace:
+        return {"state": "starting", "age_s": round(age, 1)}
+    return {"state": "gone", "age_s": round(age, 1), "why": "the job is not finished and no process holds %s" % (
+        state_path(local_dir, LOCK_FILE))}
+
+
+def died_failure(results_file, local_dir, state, progress_file):
+    """The Failure for a download job that died (OOM kill, container restart, a killed process group)."""
+    prog = load_json(progress_file, {}) or {}
+    evidence = [state.get("why", ""), "job file %s: %s" % (results_file, json.dumps(load_json(results_file)))]
+    if prog:
+        evidence.append("last progress: %s of %s bytes, %s, written by PID %s at %s" % (
+            prog.get("bytes_done"), prog.get("bytes_total"), prog.get("state"), prog.get("pid"),
+            time.strftime("%H:%M:%S", time.localtime(prog.get("updated") or 0))))
+    return Failure("download_died", "the background download into %s ended without a result." % local_dir,
+                   "run the play again: it resumes from the partial files. Look for why it died in the container "
+                   "(dmesg for the OOM killer, journalctl) if it happens again", evidence)
 
 
 def human(n):
@@ -555,18 +716,43 @@ def download_one(client, repo_id, commit, local_dir, entry, progress, verify=Tru
                     raise HfError("%s: %s: %s (stopped at %d of %d bytes; a re-run resumes from there)" % (
                         entry["path"], type(e).__name__, e, have, size))
                 time.sleep(backoff * attempt)
+    return _publish(local_dir, entry, commit, part, final, hasher if algo is not None else None, digest)
+
+
+def _publish(local_dir, entry, commit, part, final, hasher, digest):
+    """Rename the partial file into place only when its size on disk and its hash match; the marker (or None)."""
+    size = entry["size"]
+    algo = hasher.algo if hasher is not None else None
+    on_disk = os.path.getsize(part)
+    if on_disk != size:  # another writer (only without the directory lock) or a changed file: never publish it
+        os.unlink(part)
+        raise HfError("%s: the partial file holds %d bytes, expected %d; it was removed, re-run to fetch it again" % (
+            entry["path"], on_disk, size))
     if algo is not None:
         got_digest = hasher.hexdigest()
         if got_digest != digest:
             os.unlink(part)
             raise HfError("%s: %s mismatch after download (expected %s, got %s); the partial file was removed, "
                           "re-run to fetch it again" % (entry["path"], algo, digest, got_digest))
-    os.replace(part, final)
+    with _hf_file_lock(local_dir, entry["path"]):
+        os.replace(part, final)
     st = os.stat(final)
     if st.st_size != size:  # pragma: no cover - guarded by the loop above
         raise HfError("%s: %d bytes on disk, expected %d" % (entry["path"], st.st_size, size))
     _write_hf_metadata(local_dir, entry, commit)
     return make_marker(entry, st) if algo is not None else None
+
+
+def _hf_file_lock(local_dir, path):
+    """huggingface_hub's per-file lock (``.cache/huggingface/download/<path>.lock``): ``hf download --local-dir``
+    into the same directory waits for the rename instead of replacing the file under it."""
+    try:
+        from huggingface_hub._local_folder import get_local_download_paths
+        from huggingface_hub.utils import WeakFileLock
+        from pathlib import Path
+        return WeakFileLock(get_local_download_paths(Path(local_dir), path).lock_path, timeout=60)
+    except Exception:  # pylint: disable=broad-except
+        return contextlib.nullcontext()
 
 
 def _write_hf_metadata(local_dir, entry, commit):

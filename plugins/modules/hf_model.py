@@ -67,7 +67,15 @@ options:
         redirects LFS downloads to, and never printed.
       - Defaults to the C(HF_TOKEN) environment variable of the target; without either, huggingface_hub's own
         stored token (if any) is used.
+      - "With C(async) do not use it: Ansible writes a background module's arguments to a file on the target that
+        stays there for the whole run. Use O(token_file)."
     type: str
+  token_file:
+    description:
+      - A file on the target holding the token; the module reads it and removes it as it starts, so with C(async)
+        the token is on the target's disk only until the job starts (the role writes it to C(/run), a tmpfs, through
+        a module's standard input, so it is in no command line). Mutually exclusive with O(token).
+    type: path
   allow_patterns:
     description: Only files matching one of these glob patterns (fnmatch on the repository path; C(dir/) means everything below).
     type: list
@@ -103,6 +111,30 @@ options:
   progress_file:
     description: Where the progress JSON is written. Default C(<local_dir>/.cache/kpro-progress.json).
     type: path
+  verify_full:
+    description:
+      - "Hash every file again, ignoring the checksums remembered from earlier runs (implies O(verify)). Slow: it reads
+        the whole model. The remembered checksums are already void for a file whose size, inode, mtime or ctime
+        changed (a write in place changes ctime, which C(touch) cannot set back)."
+    type: bool
+    default: false
+  lock_timeout:
+    description:
+      - "One download per O(local_dir): a run takes C(<local_dir>/.cache/kpro-hf/download.lock) (C(flock), the holder's
+        PID in it) before it looks at any file, and waits while another live process holds it (an earlier run whose
+        controller was killed goes on in the background). Seconds to wait before failing with phase C(model_locked)."
+      - The lock is dropped by the kernel when its holder dies. C(flock) must work on the filesystem (local disks do;
+        some network filesystems silently grant it to everyone).
+    type: int
+    default: 14400
+  job:
+    description:
+      - "Watch mode. The C(results_file) of an C(async) run of this module (C(poll=0)); nothing is downloaded. Returns
+        the job's result once it finished (and removes the job file), else C(finished=false) while a live process holds
+        the directory lock, and fails with phase C(download_died) when the job is not finished and no process holds
+        the lock (after a 30 s start grace): a download killed with its wrapper (OOM killer, container restart) is
+        noticed at the next poll instead of at the C(async) timeout."
+    type: path
 attributes:
   check_mode:
     support: full
@@ -114,6 +146,8 @@ notes:
   - "Run long downloads with C(async) and C(poll) (see EXAMPLES): a 55 GB model takes longer than an SSH
     connection or a default task timeout may last. If the task is interrupted, run it again: it resumes."
   - "Files in O(local_dir) that are not in the listing are left alone."
+  - "O(local_dir) must be absolute and without whitespace; anything else is refused (phase C(model_input)) before
+    anything is written."
 """
 
 EXAMPLES = r"""
@@ -216,6 +250,7 @@ progress_file:
   type: str
 """
 
+import contextlib
 import os
 import time
 import traceback
@@ -224,13 +259,14 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail as failure_fail
 
 
-def _check_local(local_dir, entries, markers, verify, result):
+def _check_local(local_dir, entries, markers, verify, result, full=False):
     """Statuses of all entries; hashes the unverified ones locally (no network) and updates markers."""
     statuses = {}
     for e in entries:
-        st = hf.file_status(local_dir, e, markers, verify=verify)
+        st = hf.file_status(local_dir, e, markers, verify=verify, full=full)
         if st["state"] == "unverified":
             final = os.path.join(local_dir, hf.safe_relpath(e["path"]))
             algo, digest = hf.expected_digest(e)
@@ -262,6 +298,32 @@ def _remote_listing(module, client, repo_id, revision, commit, local_dir):
     return commit, listing
 
 
+def _watch(module, p, local_dir, progress_file):
+    """Watch mode (O(job)): the async job's result when it finished, else whether it is still alive."""
+    state = hf.job_state(p["job"], local_dir)
+    for _i in range(5):  # between releasing the lock and writing its result a job looks gone: look again
+        if state["state"] != "gone":
+            break
+        time.sleep(1)
+        state = hf.job_state(p["job"], local_dir)
+    if state["state"] == "gone":
+        raise hf.died_failure(p["job"], local_dir, state, progress_file)
+    if state["state"] != "finished":
+        prog = hf.load_json(progress_file, {}) or {}
+        module.exit_json(changed=False, finished=False, job_state=state["state"], holder=state.get("holder"),
+                         bytes_done=prog.get("bytes_done"), bytes_total=prog.get("bytes_total"), path=local_dir)
+    res = dict(state["result"], finished=True)
+    for k in ("ansible_job_id", "results_file", "started", "invocation", "_ansible_no_log", "deprecations"):
+        res.pop(k, None)
+    for w in res.pop("warnings", None) or []:  # the job's warnings, serialized: warn them again
+        module.warn(w.get("event", {}).get("msg", str(w)) if isinstance(w, dict) else str(w))
+    with contextlib.suppress(OSError):
+        os.unlink(p["job"])
+    if res.get("failed"):
+        module.fail_json(**res)
+    module.exit_json(**res)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -270,26 +332,57 @@ def main():
             local_dir=dict(type="path", required=True),
             endpoint=dict(type="str", fallback=(env_fallback, ["HF_ENDPOINT"])),
             token=dict(type="str", no_log=True, fallback=(env_fallback, ["HF_TOKEN"])),
+            token_file=dict(type="path"),
             allow_patterns=dict(type="list", elements="str"),
             ignore_patterns=dict(type="list", elements="str"),
             max_workers=dict(type="int", default=8),
             min_free_bytes_margin=dict(type="int", default=0),
             verify=dict(type="bool", default=True),
+            verify_full=dict(type="bool", default=False),
             timeout=dict(type="float", default=30),
             retries=dict(type="int", default=3),
             progress_file=dict(type="path"),
+            lock_timeout=dict(type="int", default=14400),
+            job=dict(type="path"),
         ),
+        mutually_exclusive=[("token", "token_file")],
         supports_check_mode=True,
     )
     p = module.params
-    token = p["token"] or None
-    local_dir = os.path.abspath(p["local_dir"])
-    endpoint = (p["endpoint"] or "https://huggingface.co").rstrip("/")
+    try:  # first: the token file must not outlive this process, whatever fails next
+        token = hf.read_token_file(p["token_file"]) if p["token_file"] and not p["job"] else (p["token"] or None)
+    except Failure as f:
+        failure_fail(module, f, path=p["local_dir"])
+    bad = hf.check_local_dir(p["local_dir"])
+    if bad:
+        module.fail_json(msg=bad, phase="model_input", path=p["local_dir"])
+    if p["max_workers"] < 1:
+        module.fail_json(msg="max_workers must be at least 1", phase="model_input", path=p["local_dir"])
+    local_dir = os.path.normpath(p["local_dir"])
     progress_file = p["progress_file"] or os.path.join(local_dir, hf.PROGRESS_FILE)
+    lock = None
+    try:
+        if p["job"]:
+            return _watch(module, p, local_dir, progress_file)
+        if not module.check_mode:
+            lock = hf.DirLock(local_dir)
+            waited = lock.acquire(p["lock_timeout"])
+            if waited >= 1:
+                module.warn("waited %d s for another download into %s to end" % (waited, local_dir))
+        _run(module, p, token, local_dir, progress_file)
+    except Failure as f:
+        failure_fail(module, f, path=local_dir)
+    finally:
+        if lock is not None:
+            lock.release()
+    return None
+
+
+def _run(module, p, token, local_dir, progress_file):
+    endpoint = (p["endpoint"] or "https://huggingface.co").rstrip("/")
     repo_id, revision = p["repo_id"], p["revision"]
     pinned = hf.is_commit(revision)
-    if p["max_workers"] < 1:
-        module.fail_json(msg="max_workers must be at least 1")
+    verify = p["verify"] or p["verify_full"]
 
     def fail(msg, **kw):
         kw.setdefault("resolved_revision", result.get("resolved_revision"))
@@ -302,18 +395,9 @@ def main():
               "bytes_downloaded": 0, "downloaded": [], "resumed": [], "offline": False, "progress_file": progress_file,
               "_mismatch": [], "_markers_changed": False}
     markers = hf.load_markers(local_dir)
-    entries = None
     commit = revision if pinned else None
     client = None
-
-    if pinned:
-        cached = hf.load_tree_cache(local_dir, repo_id, commit)
-        if cached is not None:
-            sel = hf.select_entries(cached, p["allow_patterns"], p["ignore_patterns"])
-            statuses = _check_local(local_dir, sel, markers, p["verify"], result)
-            if hf.plan(sel, statuses)["complete"]:
-                entries = sel
-                result["offline"] = True
+    entries, statuses = _offline(local_dir, repo_id, commit, p, markers, verify, result) if pinned else (None, None)
     if entries is None:
         if not hf.HAS_HF:
             fail(missing_required_lib("huggingface_hub") + " (the target's python must have it: point "
@@ -325,7 +409,7 @@ def main():
         except hf.HfError as e:
             error = (str(e), None)
         except Exception as e:  # pylint: disable=broad-except
-            error = ("%s@%s on %s: %s: %s" % (repo_id, revision, endpoint, type(e).__name__, e), traceback.format_exc())
+            error = (hf.hub_error(repo_id, revision, endpoint, e), traceback.format_exc())
         if error:
             fail(error[0], exception=hf.scrub(error[1], token))
         entries = hf.select_entries(entries, p["allow_patterns"], p["ignore_patterns"])
@@ -333,15 +417,32 @@ def main():
             fail("no file of %s@%s matches allow_patterns %s / ignore_patterns %s" % (
                 repo_id, commit, p["allow_patterns"], p["ignore_patterns"]), resolved_revision=commit)
         result["_mismatch"] = []
-        statuses = _check_local(local_dir, entries, markers, p["verify"], result)
-
+        statuses = _check_local(local_dir, entries, markers, verify, result, full=p["verify_full"])
     result["resolved_revision"] = commit
+    _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, markers, progress_file, result, fail)
+
+
+def _offline(local_dir, repo_id, commit, p, markers, verify, result):
+    """(entries, statuses) when the cached listing of a pinned commit shows a complete model, else (None, None)."""
+    cached = hf.load_tree_cache(local_dir, repo_id, commit)
+    if cached is None:
+        return None, None
+    sel = hf.select_entries(cached, p["allow_patterns"], p["ignore_patterns"])
+    if not sel:  # patterns that select nothing are an error, not an empty complete model
+        return None, None
+    statuses = _check_local(local_dir, sel, markers, verify, result, full=p["verify_full"])
+    if not hf.plan(sel, statuses)["complete"]:
+        return None, None
+    result["offline"] = True
+    return sel, statuses
+
+
+def _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, markers, progress_file, result, fail):
     pl = hf.plan(entries, statuses)
     result.update(files=pl["files"], bytes_total=pl["bytes_total"], bytes_needed=pl["bytes_needed"],
                   files_complete=pl["files"] - len(pl["todo"]))
     if result["_mismatch"]:
         module.warn("checksum mismatch, downloading again: %s" % ", ".join(sorted(result["_mismatch"])))
-
     if pl["todo"]:
         free = hf.free_bytes(local_dir)
         result["free_bytes"] = free
@@ -349,6 +450,7 @@ def main():
         if msg:
             fail(msg, needed_bytes=pl["bytes_needed"], free_bytes=free, margin_bytes=p["min_free_bytes_margin"],
                  files=pl["files"], bytes_total=pl["bytes_total"], downloaded=[])
+        _access_check(client, repo_id, commit, pl["todo"][0], fail)
         result["changed"] = True
         result["downloaded"] = [e["path"] for e in pl["todo"]]
         result["resumed"] = [e["path"] for e in pl["todo"] if statuses[e["path"]]["state"] == "partial"]
@@ -356,9 +458,18 @@ def main():
             _download(module, client, repo_id, commit, local_dir, pl, statuses, markers, progress_file, result, fail)
     if result["_markers_changed"] and not module.check_mode:
         hf.save_markers(local_dir, markers)
-
     result["verified"] = _count_verified(local_dir, entries, markers)
     module.exit_json(**dict((k, v) for k, v in result.items() if not k.startswith("_")))
+
+
+def _access_check(client, repo_id, commit, entry, fail):
+    """HEAD of one file to fetch: a refused token fails here, in the check-mode probe, before anything is written."""
+    if client is None:
+        return
+    try:
+        client.file_location(repo_id, commit, entry)
+    except Exception as e:  # pylint: disable=broad-except
+        fail(hf.hub_error(repo_id, commit, client.endpoint, e), downloaded=[])
 
 
 def _count_verified(local_dir, entries, markers):
@@ -399,6 +510,7 @@ def _download(module, client, repo_id, commit, local_dir, pl, statuses, markers,
             elif marker:
                 markers[path] = marker
                 result["_markers_changed"] = True
+                hf.save_markers(local_dir, markers)  # a probe during the download need not hash this file again
     hf.save_markers(local_dir, markers)
     snap = progress.snapshot()
     result["bytes_downloaded"] = snap["bytes_downloaded"]

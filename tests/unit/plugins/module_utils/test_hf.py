@@ -182,3 +182,150 @@ def test_progress_file(tmp_path):
 def test_scrub():
     assert hf.scrub("Bearer hf_abc failed", "hf_abc") == "Bearer ******** failed"
     assert hf.scrub("x", None) == "x" and hf.scrub(None, "t") is None
+
+
+# --- issue 12: corruption, locking, dead jobs, tokens, local_dir ------------------------------------------
+def test_marker_void_after_in_place_change_with_size_and_mtime_kept(tmp_path):
+    """A write in place with size and mtime set back: ctime moved, so the marker no longer vouches for the file."""
+    import time
+    data = b"weights" * 100
+    e = entry("w.safetensors", data, lfs=True)
+    p = tmp_path / "w.safetensors"
+    p.write_bytes(data)
+    st = os.stat(str(p))
+    m = hf.make_marker(e, st)
+    assert hf.marker_valid(m, e, st)
+    time.sleep(0.02)
+    with open(str(p), "r+b") as f:
+        f.seek(100)
+        f.write(b"X")
+    os.utime(str(p), ns=(st.st_atime_ns, st.st_mtime_ns))
+    st2 = os.stat(str(p))
+    assert (st2.st_size, st2.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert not hf.marker_valid(m, e, st2)
+    assert hf.file_status(str(tmp_path), e, {e["path"]: m})["state"] == "unverified"
+    # a marker of an older version (no ctime/inode) is void too: such a file is hashed once more
+    old = dict(m)
+    del old["ctime_ns"], old["ino"]
+    assert not hf.marker_valid(old, e, st)
+
+
+def test_verify_full_ignores_valid_markers(tmp_path):
+    data = b"weights"
+    e = entry("w.safetensors", data, lfs=True)
+    p = tmp_path / "w.safetensors"
+    p.write_bytes(data)
+    markers = {e["path"]: hf.make_marker(e, os.stat(str(p)))}
+    assert hf.file_status(str(tmp_path), e, markers)["state"] == "complete"
+    assert hf.file_status(str(tmp_path), e, markers, full=True)["state"] == "unverified"
+
+
+@pytest.mark.parametrize("raw, words", [
+    ("models/qwen", "not an absolute path"),
+    ("./m", "not an absolute path"),
+    ("", "not an absolute path"),
+    ("/srv/my models/qwen", "whitespace"),
+    ("/srv/models/qwen\t", "whitespace"),
+])
+def test_check_local_dir_refuses(raw, words):
+    assert words in hf.check_local_dir(raw)
+
+
+def test_check_local_dir_accepts_and_refuses_a_file(tmp_path):
+    assert hf.check_local_dir(str(tmp_path / "m")) is None
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert "not a directory" in hf.check_local_dir(str(f))
+
+
+def test_token_file_read_and_removed(tmp_path):
+    p = tmp_path / "tok"
+    p.write_text("hf_secret\n")
+    assert hf.read_token_file(str(p)) == "hf_secret"
+    assert not p.exists()
+    with pytest.raises(hf.Failure) as e:
+        hf.read_token_file(str(p))
+    assert e.value.phase == "model_token" and "secret" not in e.value.msg
+
+
+def test_dir_lock_one_holder_named_and_released(tmp_path):
+    d = str(tmp_path / "m")
+    assert hf.lock_holder(d) is None
+    a = hf.DirLock(d)
+    assert a.acquire(5) < 1
+    holder = hf.lock_holder(d)
+    assert holder["pid"] == os.getpid()
+    b = hf.DirLock(d)
+    clock = iter(range(100)).__next__
+    with pytest.raises(hf.Failure) as e:
+        b.acquire(3, clock=clock, sleep=lambda s: None)
+    assert e.value.phase == "model_locked" and str(os.getpid()) in e.value.msg
+    a.release()
+    assert hf.lock_holder(d) is None
+    assert b.acquire(1) < 1
+    b.release()
+
+
+def test_dir_lock_dropped_when_the_holder_dies(tmp_path):
+    import subprocess
+    import sys
+    import time
+    d = str(tmp_path / "m")
+    code = ("import sys, time; from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf\n"
+            "hf.DirLock(sys.argv[1]).acquire(5); print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, d], stdout=subprocess.PIPE, universal_newlines=True,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert hf.lock_holder(d)["pid"] == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+    time.sleep(0.1)
+    assert hf.lock_holder(d) is None
+
+
+def test_job_state(tmp_path):
+    d = str(tmp_path / "m")
+    job = tmp_path / "job"
+    assert hf.job_state(str(job), d)["state"] == "gone"
+    job.write_text(json.dumps({"started": True, "finished": False, "ansible_job_id": "1.2"}))
+    now = os.stat(str(job)).st_mtime
+    assert hf.job_state(str(job), d, now=now + 5)["state"] == "starting"
+    gone = hf.job_state(str(job), d, now=now + 31)
+    assert gone["state"] == "gone" and "no process holds" in gone["why"]
+    lock = hf.DirLock(d)
+    lock.acquire(1)
+    try:
+        assert hf.job_state(str(job), d, now=now + 3600)["state"] == "running"
+    finally:
+        lock.release()
+    job.write_text(json.dumps({"changed": True, "bytes_downloaded": 5}))
+    st = hf.job_state(str(job), d, now=now + 3600)
+    assert st["state"] == "finished" and st["result"]["bytes_downloaded"] == 5
+    f = hf.died_failure(str(job), d, gone, str(tmp_path / "none.json"))
+    assert f.phase == "download_died" and "run the play again" in f.remedy
+
+
+def test_hub_error_messages():
+    class Resp(object):
+        def __init__(self, code):
+            self.status_code = code
+
+    class RepositoryNotFoundError(Exception):
+        def __init__(self, msg, code):
+            Exception.__init__(self, msg)
+            self.response = Resp(code)
+
+    class RevisionNotFoundError(RepositoryNotFoundError):
+        pass
+
+    class ConnectError(Exception):
+        pass
+
+    r, c = "Qwen/Qwen3.6-27B", "0" * 40
+    assert "refused the token" in hf.hub_error(r, c, "http://h", RepositoryNotFoundError("401 Client Error.\nmore", 401))
+    assert "not found" in hf.hub_error(r, c, "http://h", RepositoryNotFoundError("404 Client Error.", 404))
+    assert "does not exist in " + r in hf.hub_error(r, c, "http://h", RevisionNotFoundError("404 Client Error.", 404))
+    assert "cannot be reached" in hf.hub_error(r, c, "http://h", ConnectError("[Errno 111] Connection refused"))
+    assert "more" not in hf.hub_error(r, c, "http://h", RepositoryNotFoundError("401 Client Error.\nmore", 401))

@@ -313,3 +313,125 @@ def test_without_huggingface_hub(clean, tmp_path, monkeypatch):
     r = run_fail(args_for(hub, model, allow_patterns=["*.txt"]))
     assert "huggingface_hub" in r["msg"] and "ansible_python_interpreter" in r["msg"]
     assert hub.log() == []
+
+
+# --- issue 12 ---------------------------------------------------------------------------------------------
+def _spawn(tmp_path, args, name):
+    import subprocess
+    import sys
+    argfile = tmp_path / ("%s.json" % name)
+    argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": dict(args, _ansible_remote_tmp=str(tmp_path))}))
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, ".collections"))
+    return subprocess.Popen([sys.executable, os.path.join(REPO, "plugins", "modules", "hf_model.py"), str(argfile)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+
+
+def _writers(model):
+    """PIDs with a partial file of ``model`` open for writing (from /proc)."""
+    pids = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir("/proc/%s/fd" % pid):
+                if os.readlink("/proc/%s/fd/%s" % (pid, fd)).startswith(str(model) + "/.cache/kpro-hf/incomplete/"):
+                    pids.add(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def test_second_run_waits_for_the_live_downloader(clean, tmp_path):
+    """Two module processes on one directory (a re-run while the first goes on): one writer at a time, no file
+    longer than listed, and both together fetch the repository once."""
+    import time
+    hub = clean
+    model = tmp_path / "model"
+    hub.ctl("rate=%d" % (1024 * 1024))
+    args = args_for(hub, model)
+    first = _spawn(tmp_path, args, "first")
+    deadline = time.time() + 20
+    while time.time() < deadline and not _writers(model):
+        time.sleep(0.05)
+    second = _spawn(tmp_path, args, "second")
+    seen = set()
+    while first.poll() is None or second.poll() is None:
+        w = _writers(model)
+        assert len(w) <= 1, "two writers: %s" % w
+        seen |= w
+        time.sleep(0.05)
+    out1, out2 = first.communicate()[0], second.communicate()[0]
+    r1, r2 = json.loads(out1), json.loads(out2)
+    assert not r1.get("failed") and not r2.get("failed"), (out1, out2)
+    assert seen == {first.pid}
+    assert r1["changed"] is True and r2["changed"] is False and r2["bytes_downloaded"] == 0
+    assert "waited" in json.dumps(r2.get("warnings")), json.dumps(r2)
+    total = r1["bytes_total"]
+    assert sum(e["bytes"] for e in body_gets(hub.log())) == total
+    listing = dict((e["path"], e["size"]) for e in hf.load_tree_cache(str(model), REPO_ID, hub.commit))
+    for path, size in listing.items():
+        assert (model / path).stat().st_size == size
+
+
+def test_watch_mode_result_running_and_died(clean, tmp_path):
+    import time
+    hub = clean
+    model = tmp_path / "model"
+    job = tmp_path / "job"
+    base = args_for(hub, model, job=str(job))
+    # a finished job: its result, and the job file is gone
+    job.write_text(json.dumps({"changed": True, "bytes_downloaded": 7, "ansible_job_id": "1.2", "warnings": [
+        {"event": {"msg": "checksum mismatch, downloading again: x"}, "__ansible_type": "WarningSummary"}, "plain"]}))
+    r = run(base)
+    assert r["finished"] is True and r["changed"] is True and r["bytes_downloaded"] == 7 and not job.exists()
+    assert r["warnings"] == ["checksum mismatch, downloading again: x", "plain"]
+    # a job that ended without a result and holds no lock: download_died with the remedy
+    job.write_text(json.dumps({"started": True, "finished": False, "ansible_job_id": "1.2"}))
+    os.utime(str(job), (time.time() - 120, time.time() - 120))
+    with mock.patch.object(time, "sleep", lambda s: None):
+        r = run_fail(base)
+    assert r["phase"] == "download_died" and "run the play again" in r["msg"]
+    # a live holder of the lock: still running
+    lock = hf.DirLock(str(model))
+    lock.acquire(1)
+    try:
+        r = run(base)
+    finally:
+        lock.release()
+    assert r["finished"] is False and r["job_state"] == "running" and r["holder"]["pid"] == os.getpid()
+
+
+def test_token_file_consumed_and_bad_local_dir_refused(private_hub, tmp_path):
+    hub = private_hub
+    tok = tmp_path / "tok"
+    tok.write_text(TOKEN)
+    model = tmp_path / "model"
+    r = run(args_for(hub, model, token_file=str(tok), allow_patterns=["config.json"]))
+    assert r["changed"] is True and not tok.exists() and TOKEN not in json.dumps(r)
+    for bad, words in (("relative/model", "not an absolute path"), (str(tmp_path / "my model"), "whitespace")):
+        r = run_fail(args_for(hub, bad))
+        assert words in r["msg"] and r["phase"] == "model_input"
+    assert not (tmp_path / "my model").exists() and not os.path.exists("relative")
+
+
+def test_refused_token_fails_in_check_mode_before_any_write(private_hub, tmp_path):
+    """The listing is cached (an earlier run), a file is missing: the check-mode probe asks the hub for that file,
+    so a token it refuses fails there, not later in the background job."""
+    hub = private_hub
+    model = tmp_path / "model"
+    run(args_for(hub, model, token=TOKEN, allow_patterns=["*.json"]))
+    (model / "config.json").unlink()
+    before = sorted(str(p) for p in model.rglob("*"))
+    bad = "hf_wrongTokenValue987654321"
+    r = run_fail(args_for(hub, model, token=bad, allow_patterns=["*.json"]), check_mode=True)
+    assert "Invalid credentials" in r["msg"] or "401" in r["msg"], r["msg"]
+    assert bad not in json.dumps(r)
+    assert sorted(str(p) for p in model.rglob("*")) == before
+
+
+def test_patterns_selecting_nothing_fail_with_a_cached_listing(clean, tmp_path):
+    hub = clean
+    model = tmp_path / "model"
+    run(args_for(hub, model, allow_patterns=["config.json"]))
+    r = run_fail(args_for(hub, model, allow_patterns=["*.gguf"]))
+    assert "no file of" in r["msg"] and "*.gguf" in r["msg"]
