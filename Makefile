@@ -33,6 +33,8 @@ $(VENV)/.synced: requirements/dev.lock
 	@command -v apt-ftparchive >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends apt-utils; }
 # shellcheck: ansible-test sanity checks the shell scripts with it (it skips them without).
 	@command -v shellcheck >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck; }
+# systemd-analyze: the unit tests verify rendered sglang.service files with the real systemd.
+	@command -v systemd-analyze >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd; }
 
 $(COLL_LINK):
 	@mkdir -p $(dir $@) && ln -sfn ../../.. $@
