@@ -26,8 +26,8 @@ author:
 options:
   version:
     description:
-      - Driver version, for example C(580.126.09): C(<branch>.<minor>[.<patch>]), branch 3 digits, minor 2 or 3,
-        patch 2 (NVIDIA's numbering, for example C(550.54.14), C(550.142)); anything else fails C(bad_version).
+      - "Driver version, for example C(580.126.09): C(<branch>.<minor>[.<patch>]), branch 3 digits, minor 2 or 3,
+        patch 2 (NVIDIA's numbering, for example C(550.54.14), C(550.142)); anything else fails C(bad_version)."
       - In C(userspace) mode, C(auto) (the default there) takes the host kernel module's version.
     type: str
   state:
