@@ -511,29 +511,21 @@ def main():
     module.exit_json(**result)
 
 
-def run(module, p, vmid, result, warnings):
-    path = lc.config_path(p["config_dir"], vmid)
-    result["config_file"] = path
-    pve_dir = lc.is_pve_config_dir(p["config_dir"])
-
+def check_inputs(p):
+    """dev_mode and gpus as PVE takes them; returns the GPU indices or 'all'."""
     if p["dev_mode"] is not None and not re.match(r"^0[0-7]{3}$", p["dev_mode"]):
         raise lc.LxcConfigError("dev_mode %r is not an octal mode like 0666 (PVE's pattern 0[0-7]{3})" % p["dev_mode"])
     gpus = p["gpus"]
     if gpus and [g for g in gpus if str(g).lower() != "all"]:
         try:
-            gpus = [int(g) for g in gpus]
+            return [int(g) for g in gpus]
         except ValueError:
             raise lc.LxcConfigError("gpus must be GPU indices (0, 1, ...) or 'all', got %s" % gpus)
-    else:
-        gpus = "all"
+    return "all"
 
-    raw = lc.read_config(p["config_dir"], vmid)
-    conf = lc.ConfigFile.parse(raw)
-    writer = choose_writer(p, pve_dir)
-    result["writer"] = writer
-    needs_api = api_check(module, p, vmid, writer)
 
-    # devices and majors
+def find_devices(p, gpus, pve_dir, warnings):
+    """(devices to pass, /proc/devices majors)."""
     try:
         proc_devices = lc.read_proc_devices(p["proc_root"])
     except lc.LxcConfigError as e:
@@ -546,13 +538,29 @@ def run(module, p, vmid, result, warnings):
         require = p["require_nodes"]
         if require is None:
             require = pve_dir or p["dev_root"] not in ("/", "")
-        devices = lc.normalize_devices(p["devices"], p["dev_root"], require, proc_devices)
-    else:
-        devices = lc.discover_devices(p["dev_root"], gpus)
-        for d in devices:
-            if d["path"].startswith("/dev/nvidia-uvm") and proc_devices and "nvidia-uvm" not in proc_devices:
-                raise lc.LxcConfigError("%s exists but nvidia-uvm is not in /proc/devices: load it (`modprobe nvidia-uvm`, "
-                                        "`nvidia-modprobe -u -c=0`)" % d["path"])
+        return lc.normalize_devices(p["devices"], p["dev_root"], require, proc_devices), proc_devices
+    devices = lc.discover_devices(p["dev_root"], gpus)
+    for d in devices:
+        if d["path"].startswith("/dev/nvidia-uvm") and proc_devices and "nvidia-uvm" not in proc_devices:
+            raise lc.LxcConfigError("%s exists but nvidia-uvm is not in /proc/devices: load it (`modprobe nvidia-uvm`, "
+                                    "`nvidia-modprobe -u -c=0`)" % d["path"])
+    return devices, proc_devices
+
+
+def run(module, p, vmid, result, warnings):
+    path = lc.config_path(p["config_dir"], vmid)
+    result["config_file"] = path
+    pve_dir = lc.is_pve_config_dir(p["config_dir"])
+
+    gpus = check_inputs(p)
+
+    raw = lc.read_config(p["config_dir"], vmid)
+    conf = lc.ConfigFile.parse(raw)
+    writer = choose_writer(p, pve_dir)
+    result["writer"] = writer
+    needs_api = api_check(module, p, vmid, writer)
+
+    devices, proc_devices = find_devices(p, gpus, pve_dir, warnings)
     result["devices"] = devices
     result["majors"] = dict((n, m) for n, m in proc_devices.items() if n.startswith("nvidia"))
 
