@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import fcntl
 import os
 import re
 import stat
@@ -721,6 +722,45 @@ def config_lock(conf):
     return conf.main.get("lock")
 
 
+def lock_path(lock_dir, vmid):
+    return os.path.join(lock_dir, "pve-config-%d.lock" % int(vmid))
+
+
+def config_lock_held(vmid, lock_dir=DEFAULT_LOCK_DIR):
+    """True when another process holds PVE's config flock (a backup, a pct set); creates nothing."""
+    try:
+        fd = os.open(lock_path(lock_dir, vmid), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError as e:
+        return e.errno in (errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)  # closing drops our shared lock
+
+
+def node_drift(devices, ct_root, stat_fn=os.stat):
+    """Passed nodes whose major:minor inside a running CT (seen at ``ct_root``, /proc/<init pid>/root) is not the
+    host's: a module reload gives nvidia-uvm a new dynamic major, the CT keeps the node made at its start."""
+    drift = []
+    for dev in devices:
+        if dev.get("major") is None or dev.get("minor") is None:
+            continue
+        want = "%d:%d" % (dev["major"], dev["minor"])
+        try:
+            st = stat_fn(os.path.join(ct_root, dev["path"].lstrip("/")))
+            got = "%d:%d" % (os.major(st.st_rdev), os.minor(st.st_rdev)) if stat.S_ISCHR(st.st_mode) else "not a node"
+        except OSError as e:
+            if e.errno != errno.ENOENT:
+                continue  # unknown, not a reason to restart
+            got = "missing"
+        if got != want:
+            drift.append({"path": dev["path"], "host": want, "container": got})
+    return drift
+
+
 class ConfigLock(FlockLock):
     """PVE's local config lock: flock on /run/lock/lxc/pve-config-<vmid>.lock (Config.pm::config_file_lock).
 
@@ -728,7 +768,7 @@ class ConfigLock(FlockLock):
 
     def __init__(self, vmid, lock_dir=DEFAULT_LOCK_DIR, timeout=10):
         super(ConfigLock, self).__init__(
-            os.path.join(lock_dir, "pve-config-%d.lock" % int(vmid)), timeout=timeout, error=LxcConfigError,
+            lock_path(lock_dir, vmid), timeout=timeout, error=LxcConfigError,
             hint="another PVE operation holds the CT config lock; retry when it has finished")
         self.lock_dir = lock_dir
 

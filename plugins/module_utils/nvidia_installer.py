@@ -12,6 +12,7 @@ Facts and flags: shared/reference/proxmox_nvidia.md section 2.
 from __future__ import annotations
 
 import os
+import re
 
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
@@ -27,6 +28,56 @@ class InstallerError(Exception):
     def __init__(self, kind, msg):
         super(InstallerError, self).__init__(msg)
         self.kind = kind
+
+
+# NVIDIA's Linux driver versions: <branch>.<minor>[.<patch>], branch 3 digits, minor 2-3, patch 2 (580.126.09,
+# 550.54.14, 550.100, 535.98, 390.157, 470.256.02). A two-part version with a three-digit minor is real (550.142,
+# 570.169), so "580.126" passes the format and is caught by the installer's own identification (installer_version).
+VERSION_RE = re.compile(r"^[1-9][0-9]{2}\.[0-9]{2,3}(\.[0-9]{2})?$")
+ARCH_RE = re.compile(r"^(x86_64|aarch64)$")
+
+
+def check_version(version):
+    """Raise ``bad_version`` unless ``version`` is an NVIDIA driver version (it goes into a URL and a file name)."""
+    if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
+        raise InstallerError("bad_version", "version %r is not an NVIDIA driver version: expected <branch>.<minor>[.<patch>] "
+                             "such as 580.126.09, 550.142 (branch 3 digits, minor 2-3, patch 2 digits), exactly as in "
+                             "the installer's name NVIDIA-Linux-x86_64-<version>.run" % (version,))
+    return version
+
+
+def makeself_version(info_text):
+    """The driver version from ``sh NVIDIA-Linux-*.run --info`` (makeself-header.sh prints ``Identification: <label>``,
+    NVIDIA's label ends with the version: "NVIDIA Accelerated Graphics Driver for Linux-x86_64 580.126.09")."""
+    for line in (info_text or "").splitlines():
+        if line.strip().startswith("Identification:"):
+            words = line.split()
+            if words and VERSION_RE.match(words[-1]):
+                return words[-1]
+    return None
+
+
+def check_installer_version(want, info_text, path):
+    """Raise ``installer_version`` when the installer file is another release than ``want``."""
+    got = makeself_version(info_text)
+    if got is None:
+        raise InstallerError("installer_version", "%s is not an NVIDIA .run installer (its --info names no driver "
+                             "version): %s" % (path, (info_text or "").strip()[:200]))
+    if got != want:
+        raise InstallerError("installer_version", "%s is the installer of driver %s, not of the requested %s: set "
+                             "the version to %s or point installer_path at NVIDIA-Linux-x86_64-%s.run"
+                             % (path, got, want, got, want))
+    return got
+
+
+def parse_checksum(text):
+    """``sha256:<hex>`` or ``<hex>`` -> lower-case hex, None when empty; ``bad_checksum`` for anything else."""
+    if not text:
+        return None
+    algo, _sep, value = text.rpartition(":")
+    if algo not in ("", "sha256") or not re.match(r"^[0-9a-fA-F]{64}$", value):
+        raise InstallerError("bad_checksum", "installer_checksum %r is not a sha256 (sha256:<64 hex digits>)" % (text,))
+    return value.lower()
 
 
 def parse_dkms_status(text):
@@ -179,6 +230,7 @@ def installer_filename(version, arch="x86_64"):
 
 
 def default_url(version, arch="x86_64"):
+    check_version(version)
     return "https://us.download.nvidia.com/XFree86/Linux-%s/%s/%s" % (arch, version, installer_filename(version, arch))
 
 

@@ -393,6 +393,8 @@ def describe_error(exc, what="calling the PVE API"):
             hint = "the CT is locked by another operation (backup, snapshot, migrate); wait for it or `pct unlock <vmid>` if stale"
         elif "does not exist" in low:
             hint = "check vmid and node"
+    elif "ca certificate bundle" in low or "no such file" in low and "ca" in low and "cert" in low:
+        hint = "ca_path names no readable CA file: point it at the node's CA (/etc/pve/pve-root-ca.pem, copied here)"
     elif "certificate verify failed" in low or "sslerror" in name.lower() or "ssl" in low and "verify" in low:
         hint = "the node's certificate is not trusted: set ca_path to its CA (/etc/pve/pve-root-ca.pem) or validate_certs=false"
     elif "timed out" in low or "timeout" in name.lower():
@@ -478,6 +480,17 @@ def find_node(session, vmid):
     if session.backend == "local":
         return socket.gethostname().split(".")[0]
     raise ProxmoxApiError("CT %s is not known to the cluster (check vmid)" % vmid)
+
+
+def check_access(params, vmid):
+    """Connect and read CT ``vmid``'s status (GET .../status/current needs VM.Audit): the credentials, the CA and
+    the vmid are proven before the caller writes anything. Returns (session, node, status)."""
+    try:
+        session = connect(params)
+        node = params.get("node") or find_node(session, vmid)
+        return session, node, ct_status(session, node, vmid)
+    except ProxmoxApiError as e:
+        raise ProxmoxApiError("%s; the API was checked before any change, nothing was written" % e)
 
 
 def ct(session, node, vmid):

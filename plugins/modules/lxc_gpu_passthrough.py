@@ -32,8 +32,15 @@ description:
     set through C(pct) or the API and are always written to the file. The file is written like PVE does it
     (C(<file>.tmp.<pid>) then rename, no chmod/chown, which pmxcfs refuses) under PVE's config lock
     C(/run/lock/lxc/pve-config-<vmid>.lock), after a backup outside C(/etc/pve)."
-  - A locked container (C(lock:) in its config, for example a backup or a snapshot in progress) is an error and nothing
-    is written.
+  - A locked container (C(lock:) in its config, or PVE's config flock held, for example by a backup) is an error only
+    when this run has something to write or restart; a run with nothing to change reports the lock (RV(lock)) and
+    succeeds.
+  - When the run may use the API (O(writer=api), O(restart), O(ensure_running)), the credentials, the CA and the vmid
+    are proven first by an authenticated read of the container's status; a failure there writes nothing.
+  - With the container running and its status read through the API, the major:minor of each passed node inside it
+    (C(/proc/<init pid>/root/dev/...)) is compared with the host's; when they differ (nvidia-uvm got a new dynamic
+    major after a module reload) the container is restarted with O(restart=true) (RV(restart_reason),
+    RV(node_drift)), or RV(restart_required) is reported.
   - When the config changed and O(restart=true), a running container is shut down and started again through the
     PVE API (proxmoxer), waiting on each task's UPID. A stopped container is left stopped.
 author:
@@ -329,6 +336,22 @@ started:
   description: The container was not running and was started by this run (O(ensure_running=true)).
   returned: always
   type: bool
+node_drift:
+  description: Passed device nodes whose major:minor in the running container differs from the host's.
+  returned: when they differ
+  type: list
+  elements: dict
+  sample: [{"path": "/dev/nvidia-uvm", "host": "508:0", "container": "509:0"}]
+restart_reason:
+  description: Why the container needs (or got) a restart although its config did not change.
+  returned: when RV(node_drift) is returned
+  type: str
+lock:
+  description: The container's lock (C(lock:) value, or C(flock) for PVE's held config lock), reported by a run with
+    nothing to change.
+  returned: when locked and nothing changed
+  type: str
+  sample: backup
 status:
   description: The container's status after the run, from the PVE API.
   returned: when O(ensure_running=true)
@@ -337,6 +360,7 @@ status:
 """
 
 import ast
+import os
 import re
 import shutil
 
@@ -373,6 +397,49 @@ def unflatten_devices(items):
                 return list(value)
         return [i.strip().strip("'\"") for i in items]
     return items
+
+
+def choose_writer(p, pve_dir):
+    """Who makes devN changes: pct on the node, the API without pct, else the file (raw lines always go there)."""
+    writer = p["writer"]
+    if writer == "auto":
+        if p["method"] == "devN" and pve_dir and shutil.which("pct"):
+            writer = "pct"
+        elif p["method"] == "devN" and pve_dir and has_api_connection(p):
+            writer = "api"
+        else:
+            writer = "file"
+    return writer
+
+
+def api_check(module, p, vmid, writer):
+    """Whether this run may use the API (writer=api, restart, ensure_running); refuses what cannot work."""
+    if writer == "pct" and not module.get_bin_path("pct"):
+        raise lc.LxcConfigError("writer=pct but there is no pct command here: run on the PVE node, or use writer=file/api")
+    if not (writer == "api" or p["restart"] or p["ensure_running"]):
+        return False
+    if not has_api_connection(p):
+        raise lc.LxcConfigError(
+            "%s needs a PVE API connection: set api_host with api_token_id/api_token_secret or api_password, "
+            "or api_backend=local on the node"
+            % ("writer=api" if writer == "api" else "restart=true" if p["restart"] else "ensure_running=true"))
+    # proxmoxer (and requests/paramiko) must be importable here; the message names the apt packages
+    problem = pa.proxmoxer_problem(p["api_backend"], token=bool(p.get("api_token_id")))
+    if problem:
+        raise pa.ProxmoxApiError(problem)
+    return True
+
+
+def node_drift(p, devices, status):
+    """Passed nodes whose major:minor in the running CT differs from the host's (read through /proc/<init>/root)."""
+    if not status or status.get("status") != "running" or not status.get("pid"):
+        return []
+    return lc.node_drift(devices, os.path.join(p["proc_root"], "proc", str(int(status["pid"])), "root"))
+
+
+def plan_kwargs(p):
+    return dict(dev_gid=p["dev_gid"], dev_uid=p["dev_uid"], dev_mode=p["dev_mode"],
+                remove_other_method=p["remove_other_method"])
 
 
 def has_api_connection(p):
@@ -444,53 +511,21 @@ def main():
     module.exit_json(**result)
 
 
-def run(module, p, vmid, result, warnings):
-    path = lc.config_path(p["config_dir"], vmid)
-    result["config_file"] = path
-    pve_dir = lc.is_pve_config_dir(p["config_dir"])
-
+def check_inputs(p):
+    """dev_mode and gpus as PVE takes them; returns the GPU indices or 'all'."""
     if p["dev_mode"] is not None and not re.match(r"^0[0-7]{3}$", p["dev_mode"]):
         raise lc.LxcConfigError("dev_mode %r is not an octal mode like 0666 (PVE's pattern 0[0-7]{3})" % p["dev_mode"])
     gpus = p["gpus"]
     if gpus and [g for g in gpus if str(g).lower() != "all"]:
         try:
-            gpus = [int(g) for g in gpus]
+            return [int(g) for g in gpus]
         except ValueError:
             raise lc.LxcConfigError("gpus must be GPU indices (0, 1, ...) or 'all', got %s" % gpus)
-    else:
-        gpus = "all"
+    return "all"
 
-    raw = lc.read_config(p["config_dir"], vmid)
-    conf = lc.ConfigFile.parse(raw)
-    check_lock(conf, vmid)
 
-    # which writer for devN
-    writer = p["writer"]
-    if writer == "auto":
-        if p["method"] == "devN" and pve_dir and shutil.which("pct"):
-            writer = "pct"
-        elif p["method"] == "devN" and pve_dir and has_api_connection(p):
-            writer = "api"
-        else:
-            writer = "file"
-    result["writer"] = writer
-
-    # who would make devN changes: refuse an API token before anything happens
-    session = None
-    if writer == "api" or p["restart"] or p["ensure_running"]:
-        if not has_api_connection(p):
-            raise lc.LxcConfigError(
-                "%s needs a PVE API connection: set api_host with api_token_id/api_token_secret or api_password, "
-                "or api_backend=local on the node"
-                % ("writer=api" if writer == "api" else "restart=true" if p["restart"] else "ensure_running=true"))
-        # proxmoxer (and requests/paramiko) must be importable here; the message names the apt packages
-        problem = pa.proxmoxer_problem(p["api_backend"], token=bool(p.get("api_token_id")))
-        if problem:
-            raise pa.ProxmoxApiError(problem)
-    if writer == "pct" and not module.get_bin_path("pct"):
-        raise lc.LxcConfigError("writer=pct but there is no pct command here: run on the PVE node, or use writer=file/api")
-
-    # devices and majors
+def find_devices(p, gpus, pve_dir, warnings):
+    """(devices to pass, /proc/devices majors)."""
     try:
         proc_devices = lc.read_proc_devices(p["proc_root"])
     except lc.LxcConfigError as e:
@@ -503,18 +538,33 @@ def run(module, p, vmid, result, warnings):
         require = p["require_nodes"]
         if require is None:
             require = pve_dir or p["dev_root"] not in ("/", "")
-        devices = lc.normalize_devices(p["devices"], p["dev_root"], require, proc_devices)
-    else:
-        devices = lc.discover_devices(p["dev_root"], gpus)
-        for d in devices:
-            if d["path"].startswith("/dev/nvidia-uvm") and proc_devices and "nvidia-uvm" not in proc_devices:
-                raise lc.LxcConfigError("%s exists but nvidia-uvm is not in /proc/devices: load it (`modprobe nvidia-uvm`, "
-                                        "`nvidia-modprobe -u -c=0`)" % d["path"])
+        return lc.normalize_devices(p["devices"], p["dev_root"], require, proc_devices), proc_devices
+    devices = lc.discover_devices(p["dev_root"], gpus)
+    for d in devices:
+        if d["path"].startswith("/dev/nvidia-uvm") and proc_devices and "nvidia-uvm" not in proc_devices:
+            raise lc.LxcConfigError("%s exists but nvidia-uvm is not in /proc/devices: load it (`modprobe nvidia-uvm`, "
+                                    "`nvidia-modprobe -u -c=0`)" % d["path"])
+    return devices, proc_devices
+
+
+def run(module, p, vmid, result, warnings):
+    path = lc.config_path(p["config_dir"], vmid)
+    result["config_file"] = path
+    pve_dir = lc.is_pve_config_dir(p["config_dir"])
+
+    gpus = check_inputs(p)
+
+    raw = lc.read_config(p["config_dir"], vmid)
+    conf = lc.ConfigFile.parse(raw)
+    writer = choose_writer(p, pve_dir)
+    result["writer"] = writer
+    needs_api = api_check(module, p, vmid, writer)
+
+    devices, proc_devices = find_devices(p, gpus, pve_dir, warnings)
     result["devices"] = devices
     result["majors"] = dict((n, m) for n, m in proc_devices.items() if n.startswith("nvidia"))
 
-    plan_kw = dict(dev_gid=p["dev_gid"], dev_uid=p["dev_uid"], dev_mode=p["dev_mode"],
-                   remove_other_method=p["remove_other_method"])
+    plan_kw = plan_kwargs(p)
 
     def compute(conf):
         """Return (new_conf, devn_set, devn_delete, plan warnings)."""
@@ -541,55 +591,74 @@ def run(module, p, vmid, result, warnings):
     if writer == "api" and (devn_set or devn_delete) and p.get("api_token_id") and p["api_backend"] == "https":
         who = p["api_token_id"] if "!" in p["api_token_id"] else "%s!%s" % (p["api_user"], p["api_token_id"])
         raise lc.LxcConfigError(pa.DEVN_TOKEN_REFUSED.format(who=who) + " (or writer=pct on the node); nothing was written")
+    # credentials, CA and vmid are proven by an authenticated read before anything is written
+    session, node, status = pa.check_access(p, vmid) if needs_api else (None, None, None)
     result.update(changed=changed, devn_set=devn_set, devn_delete=devn_delete)
     result["devn"] = owned_state(new)
     result["lxc_lines"] = owned_raw(new, devices, proc_devices)
     if module._diff:
         result["diff"] = dict(before=before, after=after, before_header=path, after_header=path)
-    if not changed or module.check_mode:
-        result["restart_required"] = changed
-        ensure_running(module, p, vmid, result, session)
+    drift = [] if changed else node_drift(p, devices, status)
+    restart_for = "config changed" if changed else ""
+    if drift:
+        result["node_drift"] = drift
+        restart_for = "device nodes in CT %s differ from the host's (%s)" % (vmid, "; ".join(
+            "%s host %s, container %s" % (d["path"], d["host"], d["container"]) for d in drift))
+        result["restart_reason"] = restart_for
+    if not restart_for:
+        report_lock(p, vmid, conf, result, warnings)  # read-only: a lock is reported, not an error
+    elif changed or p["restart"]:
+        check_lock(conf, vmid)  # a write or a restart: a locked CT is an error, nothing was written
+    if module.check_mode or not restart_for:
+        result["restart_required"] = bool(restart_for)
+        result["changed"] = changed or bool(drift and p["restart"])
+        ensure_running(module, p, vmid, result, session, node)
         return
+    if changed:
+        session, node = apply(module, p, vmid, result, writer, raw, devices, proc_devices, compute, session, node)
+    restart(module, p, vmid, result, warnings, session, node, restart_for)
 
-    # ---- apply
+
+def apply(module, p, vmid, result, writer, raw, devices, proc_devices, compute, session, node):
+    """Write the planned config (file, pct or API for devN; raw lines always to the file) under PVE's lock."""
+    path = result["config_file"]
+    plan_kw = plan_kwargs(p)
     if writer == "file":
         with lc.ConfigLock(vmid, p["lock_dir"], p["lock_timeout"]):
             raw = lc.read_config(p["config_dir"], vmid)
             conf = lc.ConfigFile.parse(raw)
             check_lock(conf, vmid)
-            new, devn_set, devn_delete, _warn = compute(conf)
+            new, dummy_set, dummy_delete, dummy_warn = compute(conf)
             if new.render() != conf.render():
                 if p["backup"]:
                     result["backup_file"] = lc.write_backup(p["backup_dir"], vmid, raw)
                 lc.atomic_write(path, new.to_bytes())
-    else:
-        if p["backup"]:
-            result["backup_file"] = lc.write_backup(p["backup_dir"], vmid, raw)
-        if devn_set or devn_delete:
-            if writer == "pct":
-                pct_set(module, vmid, devn_set, devn_delete)
-            else:
-                session = pa.connect(p)
-                node = p["node"] or pa.find_node(session, vmid)
-                pa.set_devn(session, node, vmid, devn_set, devn_delete)
-        # raw lines (other method's leftovers) go to the file
-        with lc.ConfigLock(vmid, p["lock_dir"], p["lock_timeout"]):
-            raw2 = lc.read_config(p["config_dir"], vmid)
-            conf2 = lc.ConfigFile.parse(raw2)
-            check_lock(conf2, vmid)
-            new2 = lc.ConfigFile.parse(raw2)
-            lc.plan_passthrough(new2, devices, p["method"], proc_devices, handle_devn=False, **plan_kw)
-            if new2.render() != raw2.decode("utf-8", "surrogateescape"):
-                lc.atomic_write(path, new2.to_bytes())
-        final = lc.ConfigFile.parse(lc.read_config(p["config_dir"], vmid))
-        result["devn"] = owned_state(lc.effective_conf(final))
-        result["lxc_lines"] = owned_raw(final, devices, proc_devices)
+        return session, node
+    if p["backup"]:
+        result["backup_file"] = lc.write_backup(p["backup_dir"], vmid, raw)
+    if result["devn_set"] or result["devn_delete"]:
+        if writer == "pct":
+            pct_set(module, vmid, result["devn_set"], result["devn_delete"])
+        else:
+            pa.set_devn(session, node, vmid, result["devn_set"], result["devn_delete"])
+    # raw lines (other method's leftovers) go to the file
+    with lc.ConfigLock(vmid, p["lock_dir"], p["lock_timeout"]):
+        raw2 = lc.read_config(p["config_dir"], vmid)
+        check_lock(lc.ConfigFile.parse(raw2), vmid)
+        new2 = lc.ConfigFile.parse(raw2)
+        lc.plan_passthrough(new2, devices, p["method"], proc_devices, handle_devn=False, **plan_kw)
+        if new2.render() != raw2.decode("utf-8", "surrogateescape"):
+            lc.atomic_write(path, new2.to_bytes())
+    final = lc.ConfigFile.parse(lc.read_config(p["config_dir"], vmid))
+    result["devn"] = owned_state(lc.effective_conf(final))
+    result["lxc_lines"] = owned_raw(final, devices, proc_devices)
+    return session, node
 
-    # ---- restart
-    node = None
+
+def restart(module, p, vmid, result, warnings, session, node, reason):
+    """Restart a running CT through the API (O(restart)) for ``reason``; else report that a restart is needed."""
+    result["changed"] = True if result["changed"] or p["restart"] else False
     if p["restart"]:
-        session = session or pa.connect(p)
-        node = p["node"] or pa.find_node(session, vmid)
         tasks = pa.ct_restart(session, node, vmid, p["task_timeout"], p["shutdown_timeout"])
         result["restarted"] = bool(tasks)
         if not tasks and not p["ensure_running"]:
@@ -599,7 +668,7 @@ def run(module, p, vmid, result, warnings):
     if not result["restarted"]:  # a restarted container is running
         ensure_running(module, p, vmid, result, session, node)
     if result["restart_required"]:
-        warnings.append("CT %s config changed; restart the container to apply it (restart=true does that)" % vmid)
+        warnings.append("CT %s: %s; restart the container to apply it (restart=true does that)" % (vmid, reason))
 
 
 def ensure_running(module, p, vmid, result, session=None, node=None):
@@ -615,6 +684,16 @@ def ensure_running(module, p, vmid, result, session=None, node=None):
         pa.ct_start(session, node, vmid, p["task_timeout"])  # raises unless the start task ended OK
         result["status"] = "running"
     result.update(changed=True, started=True, restart_required=False)
+
+
+def report_lock(p, vmid, conf, result, warnings):
+    """A run that changes nothing goes on while a backup or snapshot holds the CT (lock: key or PVE's flock)."""
+    lock = lc.config_lock(conf)
+    held = lc.config_lock_held(vmid, p["lock_dir"])
+    if lock or held:
+        result["lock"] = lock or "flock"
+        warnings.append("CT %s is locked (%s) but nothing needs to change, so nothing was written" % (
+            vmid, "lock: %s" % lock if lock else "%s is held" % lc.lock_path(p["lock_dir"], vmid)))
 
 
 def check_lock(conf, vmid):

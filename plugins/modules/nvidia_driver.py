@@ -26,9 +26,18 @@ author:
 options:
   version:
     description:
-      - Driver version, for example C(580.126.09).
+      - "Driver version, for example C(580.126.09): C(<branch>.<minor>[.<patch>]), branch 3 digits, minor 2 or 3,
+        patch 2 (NVIDIA's numbering, for example C(550.54.14), C(550.142)); anything else fails C(bad_version)."
       - In C(userspace) mode, C(auto) (the default there) takes the host kernel module's version.
     type: str
+  state:
+    description:
+      - C(present) installs and verifies the driver. C(fetched) only makes sure the installer is on the target
+        (downloaded into O(download_dir) if need be), has O(installer_checksum) and is the installer of O(version)
+        (makeself C(--info)); nothing else changes. Run it before any host change (stage 1).
+    type: str
+    choices: [present, fetched]
+    default: present
   mode:
     description: Where the module runs.
     type: str
@@ -37,7 +46,8 @@ options:
   installer_path:
     description:
       - Path of the C(.run) installer on the target. Used as is when it exists (air-gapped sites); otherwise
-        it is where O(installer_url) is downloaded to.
+        it is where O(installer_url) is downloaded to. Given without O(installer_url), it must exist
+        (C(installer_missing)).
       - Defaults to O(download_dir)/C(NVIDIA-Linux-x86_64-<version>.run).
     type: path
   installer_url:
@@ -108,8 +118,9 @@ attributes:
     support: none
     description: Unit files are replaced whole; no diff is returned.
 notes:
-  - Named failures (RV(failure)) are C(secure_boot_unsigned_module), C(headers_unavailable), C(installer_failed),
-    C(checksum_mismatch), C(driver_not_loaded), C(version_mismatch), C(gpu_mismatch).
+  - Named failures (RV(failure)) are C(bad_version), C(bad_checksum), C(installer_missing), C(installer_version),
+    C(secure_boot_unsigned_module), C(headers_unavailable), C(installer_failed), C(checksum_mismatch),
+    C(driver_not_loaded), C(version_mismatch), C(gpu_mismatch).
 """
 
 EXAMPLES = r"""
@@ -238,15 +249,31 @@ class Driver(object):
                   "available." % (kernel, "; ".join(errors)))
 
     def installer(self):
+        """The verified installer's path: present (or downloaded) with the given sha256, of the requested version."""
         path = self.p["installer_path"] or os.path.join(self.p["download_dir"], ni.installer_filename(self.version))
-        want = (self.p["installer_checksum"] or "").split(":")[-1].lower() or None
+        try:
+            want = ni.parse_checksum(self.p["installer_checksum"])
+        except ni.InstallerError as e:
+            self.fail(e.kind, str(e))
         if os.path.exists(path):
             if want and self.sha256(path) != want:
                 self.fail("checksum_mismatch", "%s has sha256 %s, expected %s." % (path, self.sha256(path), want))
+            self.identify(path)
             return path
+        if self.p["installer_path"] and not self.p["installer_url"]:
+            self.fail("installer_missing", "installer_path %s does not exist on the host and no installer_url is given: "
+                      "copy the installer there (gpu_host_driver_src) or give installer_url with installer_checksum." % path)
         if not want:
             self.fail("checksum_mismatch", "installer_checksum is required to download %s (no file at %s)." % (
                 self.p["installer_url"] or ni.default_url(self.version), path))
+        if self.m.check_mode:
+            self.changed = True
+            return path
+        self.download(path, want)
+        self.identify(path)
+        return path
+
+    def download(self, path, want):
         url = self.p["installer_url"] or ni.default_url(self.version)
         resp, info = fetch_url(self.m, url, timeout=self.p["timeout"])
         if info.get("status") != 200:
@@ -266,7 +293,14 @@ class Driver(object):
             self.fail("checksum_mismatch", "%s has sha256 %s, expected %s." % (url, digest.hexdigest(), want))
         os.rename(tmp, path)
         self.changed = True
-        return path
+
+    def identify(self, path):
+        """The installer is the requested release: makeself's --info names it (changes nothing)."""
+        rc, out, err = self.m.run_command(["sh", path, "--info"])
+        try:
+            ni.check_installer_version(self.version, out if rc == 0 else (err or out), path)
+        except ni.InstallerError as e:
+            self.fail(e.kind, str(e))
 
     @staticmethod
     def sha256(path):
@@ -334,10 +368,25 @@ class Driver(object):
             self.fail("gpu_mismatch", "NVML GPU names %s, expected all %r." % ([g.get("name") for g in gpus], name), nvml=facts)
 
     # --- modes -------------------------------------------------------------------
+    def checked_version(self):
+        """The host-mode version, by format (it goes into a URL and a file name) before anything runs."""
+        if not self.p["version"] or self.p["version"] == "auto":
+            self.fail("bad_version", "version is required in host mode (for example 580.126.09).")
+        try:
+            return ni.check_version(self.p["version"])
+        except ni.InstallerError as e:
+            self.fail(e.kind, str(e))
+
+    def fetched(self):
+        """state=fetched: the installer is there (downloaded if need be), has its sha256 and is the requested release;
+        nothing else on the host changes, so this runs before stage 1 touches the boot files."""
+        self.version = self.checked_version()
+        path = self.installer()
+        self.m.exit_json(changed=self.changed, action="fetched", reason="installer %s verified" % path,
+                         installer_path=path, steps=self.log)
+
     def host(self):
-        self.version = self.p["version"]
-        if not self.version or self.version == "auto":
-            self.m.fail_json(msg="version is required in host mode (for example 580.126.09).")
+        self.version = self.checked_version()
         kernel = self.kernel_release()
         headers = os.path.exists("/lib/modules/%s/build" % kernel)
         action, reason = ni.plan_host(self.version, self.loaded(), self.dkms_entries(), kernel, headers)
@@ -376,6 +425,11 @@ class Driver(object):
         loaded = self.loaded()
         host_version = loaded and loaded["version"]
         self.version = self.p["version"] if self.p["version"] not in (None, "auto") else host_version
+        if self.version:
+            try:
+                ni.check_version(self.version)
+            except ni.InstallerError as e:
+                self.fail(e.kind, str(e))
         if host_version and self.version != host_version:
             self.fail("version_mismatch", "Requested userspace %s but the host kernel module is %s: they must match "
                       "exactly (NVRM: API mismatch). Use version=auto or install %s on the host." % (
@@ -406,6 +460,7 @@ def main():
         argument_spec=dict(
             version=dict(type="str"),
             mode=dict(type="str", choices=["host", "userspace"], default="host"),
+            state=dict(type="str", choices=["present", "fetched"], default="present"),
             installer_path=dict(type="path"),
             installer_url=dict(type="str"),
             installer_checksum=dict(type="str"),
@@ -427,7 +482,9 @@ def main():
         supports_check_mode=True,
     )
     driver = Driver(module)
-    if module.params["mode"] == "host":
+    if module.params["state"] == "fetched":
+        driver.fetched()
+    elif module.params["mode"] == "host":
         driver.host()
     else:
         driver.userspace()

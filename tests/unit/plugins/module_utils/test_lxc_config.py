@@ -359,3 +359,25 @@ def test_read_config_unknown_vmid(tmp_path):
 def test_lock_detection():
     assert lc.config_lock(lc.ConfigFile.parse(fixture("140.conf"))) == "backup"
     assert lc.config_lock(lc.ConfigFile.parse(fixture("129.conf"))) is None
+
+
+def test_node_drift_compares_major_minor():
+    import errno as _errno
+    import stat as _stat
+
+    class St(object):
+        def __init__(self, major, minor, mode=_stat.S_IFCHR):
+            self.st_mode, self.st_rdev = mode | 0o666, os.makedev(major, minor)
+    nodes = {"/ct/dev/nvidia0": St(195, 0), "/ct/dev/nvidia-uvm": St(509, 0), "/ct/dev/nvidiactl": St(195, 255, _stat.S_IFREG)}
+
+    def fake(path):
+        if path in nodes:
+            return nodes[path]
+        raise OSError(_errno.ENOENT if "tools" in path else _errno.EACCES, "x", path)
+    devs = [{"path": "/dev/nvidia0", "major": 195, "minor": 0}, {"path": "/dev/nvidia-uvm", "major": 508, "minor": 0},
+            {"path": "/dev/nvidiactl", "major": 195, "minor": 255}, {"path": "/dev/nvidia-uvm-tools", "major": 508, "minor": 1},
+            {"path": "/dev/nvidia-caps/x", "major": 507, "minor": 1}, {"path": "/dev/nvidia-modeset", "major": None, "minor": None}]
+    assert lc.node_drift(devs, "/ct", stat_fn=fake) == [
+        {"path": "/dev/nvidia-uvm", "host": "508:0", "container": "509:0"},
+        {"path": "/dev/nvidiactl", "host": "195:255", "container": "not a node"},
+        {"path": "/dev/nvidia-uvm-tools", "host": "508:1", "container": "missing"}]

@@ -65,3 +65,42 @@ def test_device_nodes_unit_is_ordered_before_guests():
     assert "Before=pve-guests.service" in unit
     assert "ExecStart=/usr/bin/nvidia-modprobe -c 0 -c 1 -c 255" in unit
     assert "ExecStart=/usr/bin/nvidia-modprobe -u -c 0" in unit
+
+
+@pytest.mark.parametrize("version", ["580.126.09", "550.54.14", "535.104.05", "470.256.02", "550.142", "390.157",
+                                     "535.98", "580.126"])
+def test_check_version_accepts_nvidia_numbering(version):
+    assert ni.check_version(version) == version
+
+
+@pytest.mark.parametrize("version", ["../x", "580", "580.126.9", "580.1.01", "v580.126.09", "580.126.09.1", "",
+                                     None, "580.126.09/../../x", "0580.12.01"])
+def test_check_version_refuses(version):
+    with pytest.raises(ni.InstallerError) as e:
+        ni.check_version(version)
+    assert e.value.kind == "bad_version"
+
+
+def test_default_url_refuses_a_path():
+    with pytest.raises(ni.InstallerError):
+        ni.default_url("../x")
+
+
+def test_makeself_version_and_mismatch():
+    info = ("Identification: NVIDIA Accelerated Graphics Driver for Linux-x86_64 580.126.09\n"
+            "Target directory: NVIDIA-Linux-x86_64-580.126.09\n")
+    assert ni.makeself_version(info) == "580.126.09"
+    assert ni.check_installer_version("580.126.09", info, "/x.run") == "580.126.09"
+    with pytest.raises(ni.InstallerError) as e:
+        ni.check_installer_version("580.126", info, "/x.run")
+    assert e.value.kind == "installer_version"
+    with pytest.raises(ni.InstallerError):
+        ni.check_installer_version("580.126.09", "not a makeself file", "/x.run")
+
+
+def test_parse_checksum():
+    h = "ab" * 32
+    assert ni.parse_checksum("sha256:" + h.upper()) == h and ni.parse_checksum(h) == h and ni.parse_checksum("") is None
+    for bad in ("md5:" + h, "sha256:" + h[:-1], "sha256:zz"):
+        with pytest.raises(ni.InstallerError):
+            ni.parse_checksum(bad)

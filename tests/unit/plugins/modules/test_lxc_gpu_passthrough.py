@@ -197,15 +197,7 @@ def test_invalid_device_path(env):
 
 
 def test_restart_when_changed_only(env, monkeypatch):
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
-    calls = []
-
-    class S(object):
-        backend = "https"
-    monkeypatch.setattr(pa, "HAS_PROXMOXER", True)
-    monkeypatch.setattr(pa, "connect", lambda p: S())
-    monkeypatch.setattr(pa, "find_node", lambda s, v: "kpro5")
-    monkeypatch.setattr(pa, "ct_restart", lambda s, n, v, t, st: calls.append((n, v, t, st)) or [{"exitstatus": "OK"}] * 2)
+    calls = running_ct(monkeypatch, pid=None)
     a = args(env, restart=True, api_host="10.213.5.2", api_token_id="ansible", api_token_secret="x")
     r = ok(a)
     assert r["changed"] and r["restarted"] and not r["restart_required"]
@@ -313,3 +305,145 @@ def test_writer_pct_error_is_explained_and_file_untouched(env, monkeypatch):
     r = failed(args(env, writer="pct"))
     assert "Device /dev/nvidia-uvm does not exist" in r["msg"] and "nvidia-modprobe" in r["msg"]
     assert (env / "lxc" / "129.conf").read_text() == before
+
+
+# ------------------------------------------------------------------ checks before changes (issue 12)
+
+
+def test_credentials_checked_before_any_write(env, monkeypatch):
+    """A wrong token secret fails on an authenticated read before pct writes devN (as [pve:pending])."""
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    log = fake_pct(env, monkeypatch)
+    monkeypatch.setattr(pa, "HAS_PROXMOXER", True)
+
+    class Denied(object):
+        def __call__(self, *a, **k):
+            raise pa.ProxmoxApiError(pa.describe_error(Exception("401 Unauthorized: authentication failure"),
+                                                       "listing cluster resources"))
+    monkeypatch.setattr(pa, "connect", Denied())
+    h = digest(env)
+    r = failed(args(env, writer="pct", restart=True, api_host="10.213.5.2", api_token_id="ansible",
+                    api_token_secret="s3cr3t-value"))
+    assert "authentication failure" in r["msg"] and "nothing was written" in r["msg"], r["msg"]
+    assert "s3cr3t-value" not in repr(r)
+    assert not log.exists() and digest(env) == h and not (env / "bk").exists()
+
+
+def test_missing_ca_file_is_named(env, monkeypatch):
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    monkeypatch.setattr(pa, "HAS_PROXMOXER", True)
+
+    def factory(*a, **k):
+        raise OSError("Could not find a suitable TLS CA certificate bundle, invalid path: /nope/ca.pem")
+    real = pa.connect
+    monkeypatch.setattr(pa, "connect", lambda p: real(p, api_factory=factory))
+    monkeypatch.setattr(pa, "find_node", lambda s, v: "kpro5")
+    h = digest(env)
+    r = failed(args(env, restart=True, api_host="10.213.5.2", api_token_id="ansible", api_token_secret="x",
+                    ca_path="/nope/ca.pem"))
+    assert "/nope/ca.pem" in r["msg"] and "ca_path names no readable CA file" in r["msg"], r["msg"]
+    assert digest(env) == h
+
+
+def running_ct(monkeypatch, pid=4242):
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    calls = []
+
+    class S(object):
+        backend = "https"
+    monkeypatch.setattr(pa, "HAS_PROXMOXER", True)
+    monkeypatch.setattr(pa, "connect", lambda p: S())
+    monkeypatch.setattr(pa, "find_node", lambda s, v: "kpro5")
+    monkeypatch.setattr(pa, "ct_status", lambda s, n, v: {"status": "running", "pid": pid})
+    monkeypatch.setattr(pa, "ct_restart", lambda s, n, v, t, st: calls.append((n, v, t, st)) or [{"exitstatus": "OK"}] * 2)
+    return calls
+
+
+class FakeStat(object):
+    def __init__(self, nodes):
+        self.nodes = nodes  # path under /dev -> (major, minor)
+
+    def __call__(self, path):
+        import stat as st
+        for dev, (major, minor) in self.nodes.items():
+            if path.endswith("/root" + dev):
+                return type("S", (), {"st_mode": st.S_IFCHR | 0o666, "st_rdev": os.makedev(major, minor)})()
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+
+NODES = [{"path": "/dev/nvidia0", "major": 195, "minor": 0}, {"path": "/dev/nvidiactl", "major": 195, "minor": 255},
+         {"path": "/dev/nvidia-uvm", "major": 508, "minor": 0}]
+
+
+def test_drifted_node_restarts_the_container(env, monkeypatch):
+    """nvidia-uvm got a new major on the host (uvm-reload): the CT's node is stale, a re-run restarts it."""
+    import functools
+    calls = running_ct(monkeypatch)
+    real = lc.node_drift
+    ct_nodes = {"/dev/nvidia0": (195, 0), "/dev/nvidiactl": (195, 255), "/dev/nvidia-uvm": (508, 0)}
+    monkeypatch.setattr(lc, "node_drift", functools.partial(real, stat_fn=FakeStat(ct_nodes)))
+    a = args(env, devices=NODES, restart=True, api_host="10.213.5.2", api_token_id="ansible", api_token_secret="x")
+    r = ok(a)
+    assert r["changed"] and calls == [("kpro5", 129, 180, 60)]
+    r = ok(a)
+    assert not r["changed"] and len(calls) == 1 and "node_drift" not in r  # nodes agree: nothing to do
+    ct_nodes["/dev/nvidia-uvm"] = (509, 0)  # stale after the host's uvm-reload to 508
+    h = digest(env)
+    r = ok(a, check_mode=True)
+    assert r["changed"] and r["restart_required"] and len(calls) == 1 and digest(env) == h
+    r = ok(a)
+    assert r["changed"] and r["restarted"] and len(calls) == 2 and digest(env) == h
+    assert r["node_drift"] == [{"path": "/dev/nvidia-uvm", "host": "508:0", "container": "509:0"}]
+    assert "/dev/nvidia-uvm host 508:0, container 509:0" in r["restart_reason"]
+
+
+def test_drifted_node_without_restart_is_reported(env, monkeypatch):
+    import functools
+    running_ct(monkeypatch)
+    warned = []
+    monkeypatch.setattr(mod.AnsibleModule, "warn", lambda self, w: warned.append(w))
+    ok(args(env, devices=NODES))  # config converged
+    monkeypatch.setattr(lc, "node_drift", functools.partial(lc.node_drift, stat_fn=FakeStat({})))
+    r = ok(args(env, devices=NODES, ensure_running=True, api_host="10.213.5.2", api_token_id="ansible",
+                api_token_secret="x"))
+    assert not r["changed"] and r["restart_required"] and len(r["node_drift"]) == 3
+    assert any("differ from the host's" in w for w in warned), warned
+
+
+def locked_converged(env):
+    ok(args(env))
+    path = env / "lxc" / "129.conf"
+    text = path.read_text()
+    path.write_text(text.replace("arch: amd64\n", "arch: amd64\nlock: backup\n", 1))
+
+
+def test_noop_run_reports_the_lock_and_goes_on(env, monkeypatch):
+    """A backup holds the CT (lock: backup, PVE's flock): a run with nothing to change reports it and succeeds."""
+    import fcntl
+    locked_converged(env)
+    warned = []
+    monkeypatch.setattr(mod.AnsibleModule, "warn", lambda self, w: warned.append(w))
+    h = digest(env)
+    r = ok(args(env))
+    assert not r["changed"] and r["lock"] == "backup" and digest(env) == h
+    assert any("locked (lock: backup) but nothing needs to change" in w for w in warned), warned
+    # the flock alone (a backup between its config updates)
+    path = env / "lxc" / "129.conf"
+    path.write_text(path.read_text().replace("lock: backup\n", ""))
+    (env / "lock").mkdir(exist_ok=True)
+    with open(str(env / "lock" / "pve-config-129.lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        import subprocess
+        import sys
+        code = ("import sys; sys.path[:0] = %r; from ansible_collections.kpro.gpu_serving.plugins.module_utils import "
+                "lxc_config as lc; print(lc.config_lock_held(129, %r))" % (sys.path, str(env / "lock")))
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, universal_newlines=True).stdout
+        assert out.strip() == "True"
+    assert not lc.config_lock_held(129, str(env / "lock"))
+
+
+def test_locked_container_with_a_change_still_fails(env):
+    locked_converged(env)
+    h = digest(env)
+    r = failed(args(env, dev_mode="0660"))
+    assert "CT 129 is locked (lock: backup)" in r["msg"] and "nothing was written" in r["msg"] and digest(env) == h
