@@ -35,7 +35,7 @@ def _kernel(tmp_path, monkeypatch, t4_on_nouveau=False):
 def test_nouveau_driving_another_gpu_stays_and_gets_none_of_ours(tmp_path, monkeypatch):
     k, selected = _kernel(tmp_path, monkeypatch, t4_on_nouveau=True)
     unloads = []
-    rep = vfio_runtime.release(selected, MANAGED, k.sysfs, False, CMDLINE, True, lambda name: unloads.append(name))
+    rep = vfio_runtime.release(selected, MANAGED, k.sysfs, False, CMDLINE, True, unloads.append)
     assert unloads == []  # never unloaded under a device it drives
     assert rep["nouveau"]["not_probed"] == [GPU0, GPU1] and rep["nouveau"]["unloaded"] is False
     assert [pci.current_driver(b, k.sysfs) for b in (GPU0, AUD0, GPU1, AUD1, T4)] == [None, "snd_hda_intel", None,
