@@ -223,9 +223,17 @@ SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 
 # pct's own failures (as opposed to the command's): the task is unreachable, with pct's words.
 _PCT_FAILURE_RE = re.compile(
-    r"^(Configuration file '[^']*' does not exist|CT \d+ not running|CT \d+ is locked|"
+    r"^(Configuration file '[^']*' does not exist|CT \d+ is locked|"
     r"unable to find configuration file|.*pct: (command )?not found|.*pct: No such file or directory|"
     r"sudo: a password is required)",
+    re.MULTILINE,
+)
+# A stopped container, in pct's real words (pve-container@94f5585 src/PVE/CLI/pct.pm): exec and enter
+# `die "container '$vmid' not running!\n"` (lines 244, 204); push `die "can only push files to a
+# running CT\n"` (752); pull `die "can only pull files from a running VM"` (664, no newline, so Perl
+# appends " at ... line N.").
+_PCT_NOT_RUNNING_RE = re.compile(
+    r"^(container '\d+' not running!|can only push files to a running CT|can only pull files from a running VM)",
     re.MULTILINE,
 )
 
@@ -368,10 +376,14 @@ class Connection(ConnectionBase):
     def _check_pct_failure(self, rc, stderr):
         if rc == 0:
             return
-        m = _PCT_FAILURE_RE.search(to_text(stderr, errors="surrogate_or_replace"))
-        if m:
-            raise AnsibleConnectionFailure("kpro.gpu_serving.pct: pct on %s cannot reach CT %s: %s" % (
-                self.get_option("pct_host"), self.get_option("pct_vmid"), to_text(stderr, errors="surrogate_or_replace").strip()))
+        text = to_text(stderr, errors="surrogate_or_replace").strip()
+        host, vmid = self.get_option("pct_host"), self.get_option("pct_vmid")
+        if _PCT_NOT_RUNNING_RE.search(text):
+            raise AnsibleConnectionFailure(
+                "kpro.gpu_serving.pct: container %s is not running on %s (pct: %s); start it (pct start %s) and retry"
+                % (vmid, host, text, vmid))
+        if _PCT_FAILURE_RE.search(text):
+            raise AnsibleConnectionFailure("kpro.gpu_serving.pct: pct on %s cannot reach CT %s: %s" % (host, vmid, text))
 
     def _sftp_client(self):
         if self._sftp is None:

@@ -485,17 +485,62 @@ def remaining_vfio_ids(kind, text):
     return modprobe_vfio_ids(text)
 
 
+# Written when no modprobe.d file keeps nouveau off: the lines nvidia-installer itself writes
+# (nvidia-installer-disable-nouveau.conf). "blacklist" stops udev's alias loading at boot, in the
+# initramfs too once it is regenerated; "modeset=0" stops a nouveau loaded anyway (a dependency,
+# a modprobe by hand) from registering its PCI driver (nouveau_drm.c:1435-1446, v6.12).
+NOUVEAU_CONF_NAME = "kpro-gpu-serving-nouveau.conf"
+NOUVEAU_CONF = ("# kpro.gpu_serving (vfio_release): the GPUs left vfio-pci and the NVIDIA driver needs nouveau off\n"
+                "blacklist nouveau\noptions nouveau modeset=0\n")
+
+
+def nouveau_disabled(text):
+    """Whether a modprobe.d file keeps nouveau from loading (``blacklist nouveau``, ``install nouveau /bin/false``)."""
+    for body, _eol in split_lines(text):
+        words = body.split()
+        if len(words) >= 2 and modname(words[1]) == "nouveau" and (
+                words[0] == "blacklist" or (words[0] == "install" and len(words) == 3 and words[2] in _FALSE_COMMANDS)):
+            return True
+    return False
+
+
+def _modprobe_d(etc_root, planned):
+    """{file name: text} of the modprobe.d files modprobe reads, /etc's (as planned) overriding /lib's and /usr/lib's."""
+    root = os.path.dirname(os.path.normpath(etc_root)) or "/"
+    texts = {}
+    for d in (os.path.join(root, "usr", "lib", "modprobe.d"), os.path.join(root, "lib", "modprobe.d")):
+        for p in sorted(glob.glob(os.path.join(d, "*.conf"))):
+            texts.setdefault(os.path.basename(p), _read_text(p))
+    for f in planned:
+        if f["kind"] == KIND_MODPROBE:
+            texts[os.path.basename(f["path"])] = f["after"]
+    return texts
+
+
+def plan_nouveau_blacklist(etc_root, planned):
+    """The file entry (as in :func:`plan`) that blacklists nouveau, or None when a modprobe.d file already does."""
+    if any(nouveau_disabled(t) for t in _modprobe_d(etc_root, planned).values()):
+        return None
+    path = os.path.join(etc_root, "modprobe.d", NOUVEAU_CONF_NAME)
+    before = _read_text(path) if os.path.isfile(path) else ""
+    return {"path": path, "kind": KIND_MODPROBE, "before": before, "after": NOUVEAU_CONF, "changed": True,
+            "changes": [{"line": n, "action": "added", "before": None, "after": line,
+                         "detail": "nouveau off: udev would load it and a probe would give it the GPUs"}
+                        for n, line in enumerate(NOUVEAU_CONF.splitlines(), 1) if not line.startswith("#")]}
+
+
 def plan(ids, etc_root="/etc", drop_framebuffer_tokens=False, remove_nvidia_blacklist=True, vfio_modules="auto",
-         extra_vfio_users=False):
+         extra_vfio_users=False, blacklist_nouveau=False):
     """Compute every edit on the host's files, without writing anything.
 
     ``vfio_modules``: ``auto`` (remove the vfio module lines only when no id stays in any
-    vfio-pci binding and not ``extra_vfio_users``), ``keep`` or ``remove``.
+    vfio-pci binding and not ``extra_vfio_users``), ``keep`` or ``remove``. ``blacklist_nouveau``:
+    add :data:`NOUVEAU_CONF` when no modprobe.d file keeps nouveau off (:func:`plan_nouveau_blacklist`).
 
     Returns a dict: ``files`` (a list of ``{"path", "kind", "before", "after", "changed",
     "changes"}`` for every candidate file), ``remaining_vfio_ids`` (sorted ids still bound to
     vfio-pci by some file after the edits), ``keep_vfio_modules``, ``boot_cmdline_changed``,
-    ``initramfs_changed``.
+    ``initramfs_changed``, ``nouveau_blacklist`` (the path of the nouveau file to write, or None).
     """
     ids = norm_ids(ids)
     results = []
@@ -524,10 +569,14 @@ def plan(ids, etc_root="/etc", drop_framebuffer_tokens=False, remove_nvidia_blac
         elif r["kind"] == KIND_MODULES:
             r["after"], r["changes"] = edit_modules_list(r["before"], ids, keep)
         r["changed"] = r["after"] != r["before"]
+    nouveau = plan_nouveau_blacklist(etc_root, results) if blacklist_nouveau else None
+    if nouveau is not None:
+        results = [r for r in results if r["path"] != nouveau["path"]] + [nouveau]
     return {
         "files": results,
         "remaining_vfio_ids": sorted(remaining),
         "keep_vfio_modules": keep,
         "boot_cmdline_changed": any(r["changed"] for r in results if r["kind"] in (KIND_CMDLINE, KIND_GRUB)),
         "initramfs_changed": any(r["changed"] for r in results if r["kind"] in (KIND_MODPROBE, KIND_MODULES)),
+        "nouveau_blacklist": nouveau["path"] if nouveau else None,
     }

@@ -26,6 +26,10 @@ import re
 
 VFIO_DRIVER = "vfio-pci"
 NVIDIA_VENDOR = "10de"
+NOUVEAU_DRIVER = "nouveau"
+# nouveau's PCI table (drivers/gpu/drm/nouveau/nouveau_drm.c:1339-1351, v6.12): any device of
+# NVIDIA (10de) or NVIDIA_SGS (12d2) whose base class is display (0x03).
+NOUVEAU_VENDORS = ("10de", "12d2")
 
 # vendor:device -> name, for the devices this collection handles by name; the rest are
 # reported as "vendor:device" (pci.ids is not on every host and not needed).
@@ -158,6 +162,11 @@ def is_display_class(pci_class):
     if c.startswith("0x"):
         c = c[2:]
     return c.startswith("03")
+
+
+def nouveau_matches(dev):
+    """Whether nouveau's PCI table matches ``dev`` (a :func:`read_device` dict): a probe would give it to nouveau."""
+    return dev.get("vendor") in NOUVEAU_VENDORS and is_display_class(dev.get("class"))
 
 
 def is_bridge_class(pci_class):
@@ -565,6 +574,33 @@ def remove_id(driver, vendor, device, sysfs_root="/sys", check_mode=False):
     return True
 
 
+def remove_id_all(driver, vendor, device, sysfs_root="/sys", check_mode=False, limit=32):
+    """:func:`remove_id` until the kernel answers ENODEV; returns how many entries went.
+
+    remove_id_store deletes only the first matching dynamic id and answers -ENODEV when none matches
+    (drivers/pci/pci-driver.c:287-320, v6.12: "retval = -ENODEV" at 295, the "break" at 314), and
+    one vendor:device can have several entries (``ids=`` naming it twice, or once per subsystem id:
+    vfio_pci_fill_ids adds each without a duplicate check), so one write does not prove it gone;
+    ENODEV does. The dynamic id list is not readable: in check mode this is one would-be write (1) or 0.
+    """
+    n = 0
+    while n < limit and remove_id(driver, vendor, device, sysfs_root, check_mode):
+        n += 1
+        if check_mode:
+            break
+    return n
+
+
+def driver_loaded(driver, sysfs_root="/sys"):
+    """Whether ``driver`` is registered on the PCI bus (``/sys/bus/pci/drivers/<driver>``)."""
+    return os.path.isdir(driver_dir(driver, sysfs_root))
+
+
+def module_loaded(name, sysfs_root="/sys"):
+    """Whether kernel module ``name`` is loaded (``/sys/module/<name>``; ``-`` and ``_`` alike)."""
+    return os.path.isdir(os.path.join(sysfs_root, "module", name.replace("-", "_")))
+
+
 def release_from_vfio(bdf, sysfs_root="/sys", check_mode=False, probe=True, actions=None):
     """Take ``bdf`` off vfio-pci and return it to standard driver matching.
 
@@ -572,8 +608,8 @@ def release_from_vfio(bdf, sysfs_root="/sys", check_mode=False, probe=True, acti
     clear ``driver_override`` when it pins vfio-pci, unbind from vfio-pci, then
     ``drivers_probe`` (when ``probe``) so that the normal driver (nvidia, snd_hda_intel)
     can claim it. An override naming another driver is left alone. A device not on
-    vfio-pci is not unbound. Callers remove Proxmox's dynamic ids first
-    (:func:`remove_id`), otherwise the probe hands the device straight back to vfio-pci,
+    vfio-pci is not unbound. Callers remove vfio-pci's dynamic ids first (:func:`remove_id_all`:
+    Proxmox's ``new_id`` and the boot's ``ids=`` alike), otherwise the probe hands the device straight back to vfio-pci,
     and make sure no process holds ``/dev/vfio/<group>`` (:func:`vfio_group_holders`),
     otherwise the unbind blocks.
 
@@ -602,7 +638,8 @@ def release_from_vfio(bdf, sysfs_root="/sys", check_mode=False, probe=True, acti
             log.append("%s: drivers_probe -> %s" % (bdf, now or "no driver"))
             changed = changed or bound
             if now == VFIO_DRIVER:
-                raise PciError("%s was claimed by %s again on drivers_probe: a dynamic id (Proxmox's new_id; remove it with "
-                               "remove_id) or a static ids= option of vfio-pci still matches it; or set driver_override "
-                               "to the wanted driver before probing" % (bdf, VFIO_DRIVER), None, op="release_from_vfio", bdf=bdf)
+                raise PciError("%s was claimed by %s again on drivers_probe: a dynamic id still matches it (one that "
+                               "remove_id of its vendor:device does not take out, such as a wildcard in vfio-pci.ids=); "
+                               "a reboot with the cleaned boot configuration releases it" % (bdf, VFIO_DRIVER), None,
+                               op="release_from_vfio", bdf=bdf)
     return changed

@@ -27,12 +27,14 @@ description:
   - The vfio lines of C(/etc/modules), C(/etc/modules-load.d/*.conf) and C(/etc/initramfs-tools/modules), only when no
     other device stays on vfio-pci (see O(vfio_modules)).
   - C(blacklist nouveau) is kept on purpose (the NVIDIA driver needs nouveau off), as are C(blacklist nvidiafb),
-    C(intel_iommu=on) and C(iommu=pt).
+    C(intel_iommu=on) and C(iommu=pt). When no modprobe.d file blacklists nouveau, one is added (see O(disable_nouveau)).
   - Regenerates the initramfs and refreshes the boot entries once, and only when a file they depend on changed
     (or a previous run changed files and its regeneration failed).
-  - At runtime, removes the managed ids from vfio-pci's dynamic ids (Proxmox adds them with C(new_id) at VM
-    start), then for each selected function on vfio-pci clears a vfio-pci C(driver_override), unbinds it and asks
-    the kernel to probe a driver for it (C(drivers_probe)).
+  - At runtime, removes the managed ids from vfio-pci's dynamic ids until the kernel answers ENODEV (Proxmox adds
+    them with C(new_id) at VM start, and the kernel adds those of C(vfio-pci.ids=) / C(options vfio-pci ids=) the
+    same way when vfio-pci loads), then for each selected function on vfio-pci clears a vfio-pci C(driver_override),
+    unbinds it and asks the kernel to probe a driver for it (C(drivers_probe)), except where nouveau would take it.
+  - Never leaves the GPUs on nouveau (see O(disable_nouveau)).
   - Reports honestly whether a reboot is still needed, see RV(reboot_required).
 author:
   - kpro.gpu_serving contributors (!UNKNOWN)
@@ -101,6 +103,17 @@ options:
     description:
       - Remove C(blacklist nvidia*), C(install nvidia* /bin/false), C(alias nvidia* off) lines, the vfio-pci softdep of
         the GPU drivers and NVIDIA modules in C(modprobe.blacklist=) (the host driver needs them gone).
+    type: bool
+    default: true
+  disable_nouveau:
+    description:
+      - Keep nouveau off the GPUs, which the NVIDIA driver needs. A host that does not blacklist nouveau has it loaded
+        from boot (udev loads it for the GPU's alias even while vfio-pci holds the GPU), and the probe after the
+        release would hand the GPUs to it.
+      - Adds C(<etc_root>/modprobe.d/kpro-gpu-serving-nouveau.conf) (C(blacklist nouveau), C(options nouveau modeset=0),
+        what nvidia-installer writes) when no modprobe.d file blacklists nouveau, and regenerates the initramfs.
+      - At runtime unbinds selected functions from nouveau, unloads nouveau (C(modprobe -r nouveau)) when no other
+        device uses it, and does not probe a display function that nouveau could still take.
     type: bool
     default: true
   vfio_modules:
@@ -224,7 +237,9 @@ commands:
   elements: list
   sample: [["update-initramfs", "-u", "-k", "all"], ["proxmox-boot-tool", "refresh"]]
 removed_dynamic_ids:
-  description: Ids removed from vfio-pci's dynamic ids (C(remove_id)); in check mode, those that would be tried.
+  description:
+    - Ids removed from vfio-pci's dynamic ids (C(remove_id), repeated until the kernel answers ENODEV); in check mode,
+      those that would be tried.
   returned: always
   type: list
   elements: str
@@ -251,11 +266,30 @@ runtime_errors:
   returned: always
   type: list
   elements: dict
+nouveau:
+  description:
+    - C(blacklist) is the modprobe.d file written (would be, in check mode) to keep nouveau off, or V(null) when one
+      already did. C(loaded) whether nouveau was loaded before the runtime step, C(unbound) the selected functions
+      taken off it, C(unloaded) whether it was unloaded, C(not_probed) the functions left unbound because nouveau,
+      still loaded, would have taken them.
+  returned: always
+  type: dict
+  sample: {"blacklist": "/etc/modprobe.d/kpro-gpu-serving-nouveau.conf", "loaded": true, "unbound": [], "unloaded": true,
+           "not_probed": []}
+boot_vfio_ids:
+  description:
+    - Managed ids that C(vfio-pci.ids=) on C(/proc/cmdline) gave vfio-pci at boot. The kernel adds them as dynamic ids,
+      so they are removed at runtime like Proxmox's; a reboot is not needed for them.
+  returned: always
+  type: list
+  elements: str
 reboot_required:
   description:
-    - True when the running system still binds a selected function to vfio-pci in a way only a reboot undoes
-      (C(/proc/cmdline) or vfio-pci's module parameter still has a managed id, C(/proc/cmdline) blacklists an NVIDIA
-      module), or a runtime release failed or was skipped (O(runtime_unbind=false)) while a function is on vfio-pci.
+    - True only when the runtime state could not be made right without a reboot, that is when after the runtime
+      step a selected function is still on vfio-pci or nouveau, removing a dynamic id or releasing a function failed,
+      nouveau stays loaded, C(/proc/cmdline) blacklists an NVIDIA module, or the runtime step was skipped
+      (O(runtime_unbind=false)) while a function is on vfio-pci. C(vfio-pci.ids=) on C(/proc/cmdline) alone is not a
+      reason (see RV(boot_vfio_ids)).
   returned: always
   type: bool
 reboot_reasons:
@@ -273,6 +307,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import bootcfg
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_guests
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_runtime
 
 PENDING_MARKER = "regeneration-pending"
 
@@ -324,6 +359,37 @@ def _other_vfio_users(etc_root, selected, mappings):
     return out
 
 
+def _runtime(module, p, selected, managed, result, warnings):
+    """The runtime release (vfio_runtime.release) and the reboot verdict; returns the reboot reasons."""
+    check, sysfs_root = module.check_mode, p["sysfs_root"]
+    live_cmdline = _read(os.path.join(p["proc_root"], "cmdline")) or ""
+    # the running kernel's own blacklist of the NVIDIA modules lasts until it is rebooted without it
+    reasons = []
+    blk = sorted(bootcfg.cmdline_blacklisted_nvidia(live_cmdline))
+    if blk and p["remove_nvidia_blacklist"]:
+        reasons.append("the running kernel was booted with modprobe.blacklist=%s" % ",".join(blk))
+    result["boot_vfio_ids"] = sorted(bootcfg.cmdline_vfio_ids(live_cmdline) & set(managed))
+    if not p["runtime_unbind"]:
+        on_vfio = [d["bdf"] for d in selected if pci.VFIO_DRIVER in (d["driver"], d["driver_override"])]
+        if on_vfio:
+            reasons.append("runtime_unbind is false and %s %s on vfio-pci" % (", ".join(on_vfio), "is" if len(on_vfio) == 1 else "are"))
+        result["bound_after"] = dict((d["bdf"], pci.current_driver(d["bdf"], sysfs_root)) for d in selected)
+        return reasons
+
+    def unload(name):
+        rc, out, err = module.run_command([module.get_bin_path("modprobe") or "modprobe", "-r", name])
+        return rc == 0, (err or out).strip()[-500:]
+
+    rep = vfio_runtime.release(selected, managed, sysfs_root, check, live_cmdline, p["disable_nouveau"], unload)
+    result["bound_after"] = vfio_runtime.verdict(selected, sysfs_root, rep, check)
+    for key in ("removed_dynamic_ids", "unbound", "runtime_actions", "runtime_errors"):
+        result[key] = rep[key]
+    result["nouveau"].update(rep["nouveau"])
+    warnings.extend(rep["warnings"] + [e["msg"] for e in rep["runtime_errors"]])
+    result["changed"] = result["changed"] or rep["changed"]
+    return reasons + rep["reasons"]
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -339,6 +405,7 @@ def main():
             boot_refresh_cmd=dict(type="list", elements="str"),
             drop_framebuffer_tokens=dict(type="bool", default=False),
             remove_nvidia_blacklist=dict(type="bool", default=True),
+            disable_nouveau=dict(type="bool", default=True),
             vfio_modules=dict(type="str", default="auto", choices=["auto", "keep", "remove"]),
             backup_dir=dict(type="path", default="/var/backups/kpro-gpu-serving"),
             sysfs_root=dict(type="path", default="/sys"),
@@ -355,7 +422,9 @@ def main():
     warnings = []
     result = dict(changed=False, selected=[], managed_ids=[], stopped_vms_referencing=[], detached=[], files=[],
                   remaining_vfio_ids=[], keep_vfio_modules=True, commands=[], removed_dynamic_ids=[], unbound=[],
-                  bound_after={}, runtime_actions=[], runtime_errors=[], reboot_required=False, reboot_reasons=[])
+                  bound_after={}, runtime_actions=[], runtime_errors=[], reboot_required=False, reboot_reasons=[],
+                  boot_vfio_ids=[], nouveau={"blacklist": None, "loaded": pci.module_loaded(pci.NOUVEAU_DRIVER, sysfs_root),
+                                             "unbound": [], "unloaded": False, "not_probed": []})
 
     # ------------------------------------------------------------------ selection
     try:
@@ -448,10 +517,11 @@ def main():
     try:
         plan = bootcfg.plan(managed, etc_root, drop_framebuffer_tokens=p["drop_framebuffer_tokens"],
                             remove_nvidia_blacklist=p["remove_nvidia_blacklist"], vfio_modules=p["vfio_modules"],
-                            extra_vfio_users=bool(extra_users))
+                            extra_vfio_users=bool(extra_users), blacklist_nouveau=p["disable_nouveau"])
     except (IOError, OSError) as e:
         module.fail_json(msg="cannot read a boot configuration file: %s" % e, **result)
     result["remaining_vfio_ids"] = plan["remaining_vfio_ids"]
+    result["nouveau"]["blacklist"] = plan["nouveau_blacklist"]
     result["keep_vfio_modules"] = plan["keep_vfio_modules"]
     for f in plan["files"]:
         for c in f["changes"]:
@@ -495,7 +565,7 @@ def main():
                 with open(marker, "w") as fh:
                     fh.write("\n".join(sorted(kinds | pending)) + "\n")
             for f in changed_files:
-                backup = pve_guests.backup_file(f["path"], p["backup_dir"])
+                backup = pve_guests.backup_file(f["path"], p["backup_dir"]) if os.path.exists(f["path"]) else None
                 pve_guests.atomic_write(f["path"], f["after"].encode("utf-8", "surrogateescape"), preserve_mode=True)
                 result["files"].append({"path": f["path"], "kind": f["kind"], "backup": backup, "changes": f["changes"]})
         except (IOError, OSError, pve_guests.GuestError) as e:
@@ -526,60 +596,10 @@ def main():
         result["files"] = [{"path": f["path"], "kind": f["kind"], "backup": None, "changes": f["changes"]} for f in changed_files]
 
     # ------------------------------------------------------------------ runtime
-    live_cmdline = _read(os.path.join(proc_root, "cmdline")) or ""
-    param_ids = _read(os.path.join(sysfs_root, "module", "vfio_pci", "parameters", "ids")) or ""
-    live_static = bootcfg.cmdline_vfio_ids(live_cmdline)
-    live_static |= set(n for n in (bootcfg.norm_id(i) for i in param_ids.strip().split(",")) if n)
-    reasons = []
-    stuck_static = sorted(set(managed) & live_static)
-    if stuck_static:
-        reasons.append("the running kernel binds %s to vfio-pci statically (vfio-pci.ids on /proc/cmdline or the ids= "
-                       "option vfio-pci was loaded with)" % ", ".join(stuck_static))
-    blk = sorted(bootcfg.cmdline_blacklisted_nvidia(live_cmdline))
-    if blk and p["remove_nvidia_blacklist"]:
-        reasons.append("the running kernel was booted with modprobe.blacklist=%s" % ",".join(blk))
-
-    runtime_changed = False
-    on_vfio = [d for d in selected if d["driver"] == pci.VFIO_DRIVER or d["driver_override"] == pci.VFIO_DRIVER]
-    if p["runtime_unbind"]:
-        for ident in managed:
-            vendor, device = ident.split(":")
-            try:
-                if pci.remove_id(pci.VFIO_DRIVER, vendor, device, sysfs_root=sysfs_root, check_mode=check):
-                    result["removed_dynamic_ids"].append(ident)
-                    result["runtime_actions"].append("vfio-pci: remove_id %s %s" % (vendor, device))
-                    runtime_changed = runtime_changed or not check
-            except pci.PciError as e:
-                result["runtime_errors"].append(e.to_dict())
-        for d in on_vfio:
-            probe = d["id"] not in live_static
-            try:
-                if pci.release_from_vfio(d["bdf"], sysfs_root=sysfs_root, check_mode=check, probe=probe,
-                                         actions=result["runtime_actions"]):
-                    runtime_changed = True
-                    if d["driver"] == pci.VFIO_DRIVER:
-                        result["unbound"].append(d["bdf"])
-                if not probe:
-                    result["runtime_actions"].append("%s: not probed (a static vfio-pci id would claim it again); left unbound "
-                                                     "for the host driver" % d["bdf"])
-            except pci.PciError as e:
-                result["runtime_errors"].append(e.to_dict())
-                reasons.append("releasing %s at runtime failed: %s" % (d["bdf"], e.msg))
-    elif on_vfio:
-        reasons.append("runtime_unbind is false and %s %s on vfio-pci" % (
-            ", ".join(d["bdf"] for d in on_vfio), "is" if len(on_vfio) == 1 else "are"))
-    for d in selected:
-        result["bound_after"][d["bdf"]] = pci.current_driver(d["bdf"], sysfs_root)
-    if not check:
-        still = sorted(b for b, drv in result["bound_after"].items() if drv == pci.VFIO_DRIVER)
-        if still and p["runtime_unbind"] and not result["runtime_errors"]:
-            reasons.append("%s still bound to vfio-pci after the release" % ", ".join(still))
-    for err in result["runtime_errors"]:
-        warnings.append(err["msg"])
-
+    reasons = _runtime(module, p, selected, managed, result, warnings)
     result["reboot_required"] = bool(reasons)
     result["reboot_reasons"] = reasons
-    result["changed"] = changed or runtime_changed
+    result["changed"] = result["changed"] or changed
     if module._diff and diffs:
         result["diff"] = diffs
     for w in warnings:

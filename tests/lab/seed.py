@@ -99,8 +99,18 @@ LINKS = {
 }
 
 
+def files():
+    """FILES, or with ``KPGS_LAB_NOUVEAU=1`` a host that does not blacklist nouveau (udev then loads it at boot
+    next to vfio-pci, and it takes the A6000s at the first probe after their release)."""
+    out = dict(FILES)
+    if os.environ.get("KPGS_LAB_NOUVEAU") == "1":
+        rel = "etc/modprobe.d/blacklist-gpu.conf"
+        out[rel] = "".join(line for line in out[rel].splitlines(True) if line != "blacklist nouveau\n")
+    return out
+
+
 def seed_files(root):
-    for rel, text in FILES.items():
+    for rel, text in files().items():
         path = os.path.join(root, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:

@@ -335,10 +335,23 @@ def test_home_is_set_when_pct_clears_the_environment(host, tmp_path):
     assert conn.exec_command("echo ~/.ansible/tmp")[1] == b"/root/.ansible/tmp\n"
 
 
-def test_pct_failure_is_unreachable(host, tmp_path):
-    host.responder = lambda cmd, stdin: (255, b"", b"CT 129 not running\n")
-    with pytest.raises(AnsibleConnectionFailure, match="CT 129 not running"):
+# pve-container src/PVE/CLI/pct.pm: exec/enter (244, 204), push (752), pull (664: no "\n", Perl adds where)
+PCT_NOT_RUNNING = [
+    b"container '129' not running!\n",
+    b"can only push files to a running CT\n",
+    b"can only pull files from a running VM at /usr/share/perl5/PVE/CLI/pct.pm line 664.\n",
+]
+
+
+@pytest.mark.parametrize("stderr", PCT_NOT_RUNNING)
+def test_stopped_container_is_unreachable_in_pcts_real_words(host, tmp_path, stderr):
+    host.responder = lambda cmd, stdin: (255, b"", stderr)
+    with pytest.raises(AnsibleConnectionFailure, match=r"container 129 is not running on 10\.213\.5\.2") as e:
         make_conn(tmp_path).exec_command("true")
+    assert stderr.decode().strip() in str(e.value) and "pct start 129" in str(e.value)
+
+
+def test_pct_failure_is_unreachable(host, tmp_path):
     host.responder = lambda cmd, stdin: (2, b"", b"Configuration file 'nodes/kpro5/lxc/129.conf' does not exist\n")
     with pytest.raises(AnsibleConnectionFailure, match="does not exist"):
         make_conn(tmp_path).exec_command("true")

@@ -226,3 +226,45 @@ def test_norm_ids_rejects_garbage():
     with pytest.raises(ValueError):
         bootcfg.norm_ids(["nvidia"])
     assert bootcfg.norm_ids(["0x10DE:0x2230"]) == {"10de:2230"}
+
+
+def _root(tmp_path, files):
+    """A host root under tmp_path: {"etc/...": text, "lib/modprobe.d/...": text}; returns its etc."""
+    for rel, text in files.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return str(tmp_path / "etc")
+
+
+def test_plan_blacklists_nouveau_when_no_modprobe_file_does(tmp_path):
+    etc = _root(tmp_path, {"etc/modprobe.d/vfio.conf": fixture("modprobe_vfio.conf"),
+                           "etc/modprobe.d/gpu.conf": "blacklist nvidia\nblacklist nvidiafb\n"})
+    plan = bootcfg.plan(A6000, etc, blacklist_nouveau=True)
+    path = os.path.join(etc, "modprobe.d", bootcfg.NOUVEAU_CONF_NAME)
+    assert plan["nouveau_blacklist"] == path and plan["initramfs_changed"]
+    f = [f for f in plan["files"] if f["path"] == path][0]
+    assert f["before"] == "" and f["after"] == bootcfg.NOUVEAU_CONF and f["changed"] and f["kind"] == bootcfg.KIND_MODPROBE
+    assert [c["after"] for c in f["changes"]] == ["blacklist nouveau", "options nouveau modeset=0"]
+    assert bootcfg.plan(A6000, etc)["nouveau_blacklist"] is None  # only when asked
+
+
+@pytest.mark.parametrize("files", [
+    {"etc/modprobe.d/blacklist-gpu.conf": "blacklist nouveau\nblacklist nvidia\n"},  # kept while nvidia's goes
+    {"etc/modprobe.d/x.conf": "install nouveau /bin/false\n"},
+    {"lib/modprobe.d/nvidia-installer-disable-nouveau.conf": "blacklist nouveau\noptions nouveau modeset=0\n"},
+    {"usr/lib/modprobe.d/blacklist-nouveau.conf": "blacklist nouveau\n"},
+    {"etc/modprobe.d/%s" % bootcfg.NOUVEAU_CONF_NAME: bootcfg.NOUVEAU_CONF},
+])
+def test_plan_leaves_nouveau_alone_when_a_modprobe_file_blacklists_it(tmp_path, files):
+    etc = _root(tmp_path, dict(files, **{"etc/modprobe.d/vfio.conf": fixture("modprobe_vfio.conf")}))
+    plan = bootcfg.plan(A6000, etc, blacklist_nouveau=True)
+    assert plan["nouveau_blacklist"] is None
+    assert not [f for f in plan["files"] if f["path"].endswith(bootcfg.NOUVEAU_CONF_NAME) and f["changed"]]
+
+
+def test_plan_nouveau_blacklist_masked_in_etc_does_not_count(tmp_path):
+    # a file in /etc/modprobe.d replaces the /lib one of the same name (modprobe.d(5))
+    etc = _root(tmp_path, {"lib/modprobe.d/blacklist-nouveau.conf": "blacklist nouveau\n",
+                           "etc/modprobe.d/blacklist-nouveau.conf": "# masked\n"})
+    assert bootcfg.plan(A6000, etc, blacklist_nouveau=True)["nouveau_blacklist"] is not None

@@ -346,3 +346,35 @@ def test_new_id_binds_unbound_matching_devices(kernel):
     assert pci.current_driver(GPU1, kernel.sysfs) == "vfio-pci"
     assert pci.current_driver(GPU0, kernel.sysfs) is None
     assert pci.new_id("vfio-pci", "10de", "2230", kernel.sysfs) is False  # EEXIST
+
+
+def test_remove_id_all_takes_out_every_entry_of_an_id(kernel):
+    # vfio-pci.ids=10de:2230,10de:2230 (or one entry per subsystem id): remove_id drops the first match only
+    kernel.dynids["vfio-pci"].append(("10de", "2230"))
+    assert pci.remove_id_all("vfio-pci", "10de", "2230", kernel.sysfs) == 2
+    assert ("10de", "2230") not in kernel.dynids["vfio-pci"]
+    assert pci.remove_id_all("vfio-pci", "10de", "2230", kernel.sysfs) == 0  # ENODEV at once
+    pci.remove_id_all("vfio-pci", "10de", "1aef", kernel.sysfs)
+    pci.release_from_vfio(GPU0, kernel.sysfs)
+    assert pci.current_driver(GPU0, kernel.sysfs) == "nvidia"
+
+
+def test_remove_id_all_check_mode_writes_nothing(kernel):
+    assert pci.remove_id_all("vfio-pci", "10de", "2230", kernel.sysfs, check_mode=True) == 1
+    assert kernel.writes == []
+    assert pci.remove_id_all("nouveau", "10de", "2230", kernel.sysfs, check_mode=True) == 0  # not loaded
+
+
+def test_nouveau_matches_nvidia_display_functions_only():
+    assert pci.nouveau_matches({"vendor": "10de", "class": "0x030000"})
+    assert pci.nouveau_matches({"vendor": "10de", "class": "0x030200"})  # 3D controller (A100 and friends)
+    assert pci.nouveau_matches({"vendor": "12d2", "class": "0x030000"})  # NVIDIA_SGS
+    assert not pci.nouveau_matches({"vendor": "10de", "class": "0x040300"})  # the HDMI audio function
+    assert not pci.nouveau_matches({"vendor": "8086", "class": "0x030000"})
+
+
+def test_driver_and_module_loaded(sysfs):
+    assert pci.driver_loaded("vfio-pci", sysfs) and not pci.driver_loaded("nouveau", sysfs)
+    assert not pci.module_loaded("vfio-pci", sysfs)
+    os.makedirs(os.path.join(sysfs, "module", "vfio_pci"))
+    assert pci.module_loaded("vfio-pci", sysfs) and pci.module_loaded("vfio_pci", sysfs)

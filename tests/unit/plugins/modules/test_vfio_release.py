@@ -48,9 +48,28 @@ class FakeKernel(object):
     def __init__(self, sysfs):
         self.sysfs = sysfs
         self.pci = os.path.join(sysfs, "bus", "pci")
-        self.dynamic = {"vfio-pci": {"10de:2230", "10de:1aef", "1b21:1242"}}  # Proxmox's new_id at VM start
-        self.static = set()
+        # vfio-pci's dynamic ids, in order (Proxmox's new_id at VM start, or the boot's vfio-pci.ids=)
+        self.dynamic = {"vfio-pci": ["10de:2230", "10de:1aef", "1b21:1242"]}
+        self.static = set()  # something remove_id cannot take out (a wildcard entry, say)
         self.writes = []
+
+    def load_nouveau(self):
+        """nouveau loaded (udev, at boot) with its PCI driver registered, as on a host that does not blacklist it."""
+        d = os.path.join(self.pci, "drivers", "nouveau")
+        os.makedirs(d)
+        for attr in ("bind", "unbind", "new_id", "remove_id"):
+            open(os.path.join(d, attr), "w").close()
+        os.makedirs(os.path.join(self.sysfs, "module", "nouveau"))
+
+    def unload_nouveau(self):
+        shutil.rmtree(os.path.join(self.pci, "drivers", "nouveau"))
+        shutil.rmtree(os.path.join(self.sysfs, "module", "nouveau"))
+
+    def _nouveau_takes(self, bdf):
+        with open(os.path.join(self._dev(bdf), "class")) as f:
+            cls = f.read().strip()
+        return (os.path.isdir(os.path.join(self.pci, "drivers", "nouveau")) and self._id(bdf).startswith("10de:")
+                and cls.startswith("0x03"))
 
     def _dev(self, bdf):
         return os.path.join(self.pci, "devices", bdf)
@@ -82,13 +101,13 @@ class FakeKernel(object):
                 self._bind(value.strip(), drv)
             elif op in ("new_id", "remove_id"):
                 ident = ":".join(value.split()[:2])
-                ids = self.dynamic.setdefault(drv, set())
-                if op == "remove_id":
+                ids = self.dynamic.setdefault(drv, [])
+                if op == "remove_id":  # the first matching entry only, ENODEV when none (pci-driver.c remove_id_store)
                     if ident not in ids:
                         raise OSError(errno.ENODEV, "No such device")
-                    ids.discard(ident)
+                    ids.remove(ident)
                 else:
-                    ids.add(ident)
+                    ids.append(ident)
             return
         if rel[0] == "devices" and rel[-1] == "driver_override":
             with open(path, "w") as f:
@@ -102,8 +121,10 @@ class FakeKernel(object):
             ident = self._id(bdf)
             if override != "(null)":
                 drv = override if os.path.isdir(os.path.join(self.pci, "drivers", override)) else None
-            elif ident in self.dynamic.get("vfio-pci", set()) or ident in self.static:
+            elif ident in self.dynamic.get("vfio-pci", []) or ident in self.static:
                 drv = "vfio-pci"
+            elif self._nouveau_takes(bdf):
+                drv = "nouveau"
             else:
                 drv = PROBE_TABLE.get(ident)
             if drv:
@@ -254,7 +275,7 @@ def test_release_full_run_then_idempotent(host):
     assert any("VM 105 (win-gaming) is stopped" in w for w in r["warnings"])
     # runtime: dynamic ids gone, GPUs unbound, the audio function went to snd_hda_intel, the USB controller untouched
     assert sorted(r["removed_dynamic_ids"]) == ["10de:1aef", "10de:2230"]
-    assert host.kernel.dynamic["vfio-pci"] == {"1b21:1242"}
+    assert host.kernel.dynamic["vfio-pci"] == ["1b21:1242"]
     assert r["unbound"] == ["0000:17:00.0", "0000:17:00.1", "0000:65:00.0", "0000:65:00.1"]
     assert r["bound_after"] == {"0000:17:00.0": None, "0000:17:00.1": "snd_hda_intel",
                                 "0000:65:00.0": None, "0000:65:00.1": "snd_hda_intel"}
@@ -333,16 +354,109 @@ def test_detach_stopped_vms_with_backup(host):
     assert r2["changed"] is False and r2["stopped_vms_referencing"] == []
 
 
-def test_reboot_required_when_the_running_kernel_binds_statically(host):
+def test_boot_cmdline_ids_are_dynamic_ids_released_without_reboot(host):
+    # vfio-pci.ids= on the running command line: vfio_pci_fill_ids() made them dynamic ids (FakeKernel.dynamic), and
+    # there is no /sys/module/vfio_pci/parameters/ids (permission 0). remove_id takes them out: no reboot needed.
     with open(os.path.join(host.proc, "cmdline"), "w") as f:
         f.write(CMDLINE.strip() + " vfio-pci.ids=10de:2230,10de:1aef,1b21:1242\n")
-    host.kernel.static = {"10de:2230", "10de:1aef", "1b21:1242"}
     r = run(host.args)
     assert not r.get("failed"), r.get("msg")
-    assert r["reboot_required"] is True and "10de:1aef, 10de:2230" in r["reboot_reasons"][0]
-    # unbound but not probed: a probe would hand them straight back to vfio-pci
-    assert r["bound_after"] == dict((b, None) for b in ["0000:17:00.0", "0000:17:00.1", "0000:65:00.0", "0000:65:00.1"])
-    assert not [w for w in host.kernel.writes if w[0] == "bus/pci/drivers_probe"]
+    assert r["reboot_required"] is False and r["reboot_reasons"] == [], r["reboot_reasons"]
+    assert sorted(r["removed_dynamic_ids"]) == ["10de:1aef", "10de:2230"] and host.kernel.dynamic["vfio-pci"] == ["1b21:1242"]
+    assert r["bound_after"] == {"0000:17:00.0": None, "0000:17:00.1": "snd_hda_intel",
+                                "0000:65:00.0": None, "0000:65:00.1": "snd_hda_intel"}
+    assert len([w for w in host.kernel.writes if w[0] == "bus/pci/drivers_probe"]) == 4
+    assert r["boot_vfio_ids"] == ["10de:1aef", "10de:2230"]
+
+
+def test_an_id_listed_twice_is_removed_until_enodev(host):
+    # vfio-pci.ids=10de:2230,10de:1aef,10de:2230: two entries, and remove_id takes out the first match only
+    host.kernel.dynamic["vfio-pci"] = ["10de:2230", "10de:1aef", "10de:2230", "1b21:1242"]
+    r = run(host.args)
+    assert host.kernel.dynamic["vfio-pci"] == ["1b21:1242"]
+    assert r["bound_after"]["0000:17:00.0"] is None and r["bound_after"]["0000:65:00.0"] is None
+    assert r["reboot_required"] is False and r["runtime_errors"] == [], r["reboot_reasons"]
+
+
+def test_reboot_required_when_vfio_pci_takes_a_function_back(host):
+    host.kernel.static = {"10de:2230"}  # a match remove_id of 10de 2230 cannot take out
+    r = run(host.args)
+    assert not r.get("failed"), r.get("msg")
+    assert r["reboot_required"] is True
+    assert "0000:17:00.0 was claimed by vfio-pci again" in r["reboot_reasons"][0], r["reboot_reasons"]
+    assert r["bound_after"]["0000:17:00.1"] == "snd_hda_intel"
+
+
+def _stock_nouveau(host, monkeypatch, unload_rc=0):
+    """The host does not blacklist nouveau (udev loaded it at boot); ``modprobe -r nouveau`` exits ``unload_rc``."""
+    path = os.path.join(host.etc, "modprobe.d", "blacklist.conf")
+    text = open(path).read()
+    with open(path, "w") as f:
+        f.write("".join(line for line in text.splitlines(True) if "nouveau" not in line))
+    host.kernel.load_nouveau()
+    orig = AnsibleModule.run_command
+
+    def run_command(self, args, **kw):
+        if list(args[-2:]) != ["-r", "nouveau"]:
+            return orig(self, args, **kw)
+        with open(host.log, "a") as f:
+            f.write("modprobe -r nouveau\n")
+        if unload_rc:
+            return unload_rc, "", "modprobe: FATAL: Module nouveau is in use.\n"
+        host.kernel.unload_nouveau()
+        return 0, "", ""
+    monkeypatch.setattr(AnsibleModule, "run_command", run_command)
+    return host.args
+
+
+def test_stock_nouveau_is_blacklisted_unloaded_and_never_gets_the_gpus(host, monkeypatch):
+    args = _stock_nouveau(host, monkeypatch)
+    r = run(args)
+    assert not r.get("failed"), r.get("msg")
+    assert r["bound_after"] == {"0000:17:00.0": None, "0000:17:00.1": "snd_hda_intel",
+                                "0000:65:00.0": None, "0000:65:00.1": "snd_hda_intel"}
+    conf = os.path.join(host.etc, "modprobe.d", "kpro-gpu-serving-nouveau.conf")
+    assert os.path.exists(conf) and "blacklist nouveau\noptions nouveau modeset=0\n" in open(conf).read()
+    assert r["nouveau"] == {"blacklist": conf, "loaded": True, "unbound": [], "unloaded": True, "not_probed": []}
+    assert conf in [f["path"] for f in r["files"]] and "modprobe -r nouveau" in commands(host)
+    assert r["commands"][0] == host.args["update_initramfs_cmd"]
+    assert r["reboot_required"] is False, r["reboot_reasons"]
+    r2 = run(args)
+    assert r2["changed"] is False and r2["nouveau"]["blacklist"] is None and r2["files"] == []
+
+
+def test_nouveau_that_stays_loaded_is_not_given_the_gpus_and_a_reboot_is_required(host, monkeypatch):
+    args = _stock_nouveau(host, monkeypatch, unload_rc=1)
+    r = run(args)
+    assert not r.get("failed"), r.get("msg")
+    assert r["bound_after"] == {"0000:17:00.0": None, "0000:17:00.1": "snd_hda_intel",
+                                "0000:65:00.0": None, "0000:65:00.1": "snd_hda_intel"}
+    assert r["nouveau"]["not_probed"] == ["0000:17:00.0", "0000:65:00.0"] and r["nouveau"]["unloaded"] is False
+    assert r["reboot_required"] is True and "nouveau is loaded and could not be unloaded" in r["reboot_reasons"][0]
+    assert os.path.exists(os.path.join(host.etc, "modprobe.d", "kpro-gpu-serving-nouveau.conf"))
+
+
+def test_gpus_already_on_nouveau_are_taken_off_it(host, monkeypatch):
+    args = _stock_nouveau(host, monkeypatch)
+    for bdf in ("0000:17:00.0", "0000:65:00.0"):
+        link = os.path.join(host.sysfs, "bus", "pci", "devices", bdf, "driver")
+        os.unlink(link)
+        os.symlink(os.path.join("..", "..", "drivers", "nouveau"), link)
+    r = run(args)
+    assert r["bound_after"]["0000:17:00.0"] is None and r["bound_after"]["0000:65:00.0"] is None
+    assert r["nouveau"]["unbound"] == ["0000:17:00.0", "0000:65:00.0"] and r["nouveau"]["unloaded"] is True
+    assert ("bus/pci/drivers/nouveau/unbind", "0000:17:00.0") in host.kernel.writes
+    assert r["reboot_required"] is False, r["reboot_reasons"]
+
+
+def test_check_mode_with_stock_nouveau_changes_nothing(host, monkeypatch):
+    args = _stock_nouveau(host, monkeypatch)
+    before = tree_hash(host.root)
+    r = run(args, check_mode=True)
+    assert r["changed"] is True and tree_hash(host.root) == before and host.kernel.writes == [] and commands(host) == []
+    conf = os.path.join(host.etc, "modprobe.d", "kpro-gpu-serving-nouveau.conf")
+    assert conf in [f["path"] for f in r["files"]] and "modprobe -r nouveau" in r["runtime_actions"]
+    assert r["nouveau"]["blacklist"] == conf
 
 
 def test_runtime_unbind_off_requires_reboot(host):

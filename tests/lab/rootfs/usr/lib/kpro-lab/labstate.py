@@ -374,7 +374,7 @@ def kmod_load(st, name=None, params=None, root=None):
     majors = st.setdefault("majors", {})
     for dyn in info.get("dyn", []):
         majors[dyn] = _alloc_dyn_major(st)
-    drv = _register_driver(st, name)
+    drv = None if _pci_driver_suppressed(st, name) else _register_driver(st, name)
     if drv:
         if name == "vfio_pci":  # vfio_pci_fill_ids(): ids= become dynids (then driver_attach)
             for spec in (mods["params"].get(name, {}).get("ids") or "").split(","):
@@ -387,6 +387,12 @@ def kmod_load(st, name=None, params=None, root=None):
                 st[k] = v
             raise KernelError(errno.ENODEV, "modprobe: ERROR: could not insert 'nvidia': No such device")
     return True
+
+
+def _pci_driver_suppressed(st, name):
+    """nouveau loaded with modeset=0 returns from its init before pci_register_driver()
+    (drivers/gpu/drm/nouveau/nouveau_drm.c:1435-1446, v6.12): loaded, but it binds nothing."""
+    return name == "nouveau" and (_st_mods(st)["params"].get(name) or {}).get("modeset") == "0"
 
 
 def _parse_colon_id(spec):
@@ -928,10 +934,11 @@ def boot(st, root=None, release=None):
                 except KernelError:
                     pass
             continue
+        # udev loads every module whose alias matches a device's "add" event, bound or not
+        # (systemd rules.d/80-drivers.rules:5): with vfio-pci holding the A6000s, nouveau is still
+        # loaded (and its PCI driver registered) unless blacklisted; the next probe gives it the GPUs.
         for bdf in sorted(pci["devices"]):
             dev = pci["devices"][bdf]
-            if dev.get("driver"):
-                continue
             for mod in sorted(MODULES):
                 info = MODULES[mod]
                 if "pci" in info and any(_match_one(e, dev) for e in info["ids"]) and module_available(st, mod):
