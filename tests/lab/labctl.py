@@ -499,6 +499,8 @@ def services_up():
 def cmd_up(args):
     if os.geteuid() != 0:
         raise SystemExit("labctl: must run as root")
+    if getattr(args, "nouveau", False):
+        os.environ["KPGS_LAB_NOUVEAU"] = "1"
     if recorded() and healthy():
         print(summary())
         return 0
@@ -713,11 +715,13 @@ def cmd_reset(args):
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="labctl.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("up")
+    for name in ("up", "reset"):
+        p = sub.add_parser(name)
+        p.add_argument("--nouveau", action="store_true",
+                       help="a fresh node whose modprobe.d does not blacklist nouveau (seed.py, KPGS_LAB_NOUVEAU)")
     p = sub.add_parser("down")
     p.add_argument("--keep-disk", action="store_true", help="keep .run/kpro5/upper (the node's disk)")
     sub.add_parser("status")
-    sub.add_parser("reset")
     p = sub.add_parser("rebuild")
     p.add_argument("--lose-ct-disk", action="store_true", help="CT 129's disk is not restored (venv and model lost)")
     sub.add_parser("root")
