@@ -67,3 +67,31 @@ def lab():
     yield Lab()
     if started:
         labctl("down")
+
+
+# Secrets must appear in no process's argv and no file: shared by the secrecy tests.
+def cmdlines():
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                out.append((int(pid), f.read().replace(b"\0", b" ").decode(errors="replace")))
+        except OSError:
+            continue
+    return out
+
+
+def files_holding(secret, *tops):
+    hits, needle = [], secret.encode()
+    for top in tops:
+        for d, _dirs, files in os.walk(top):
+            for name in files:
+                p = os.path.join(d, name)
+                try:
+                    if os.path.isfile(p) and not os.path.islink(p) and os.path.getsize(p) < 64 * 2 ** 20:
+                        with open(p, "rb") as f:
+                            if needle in f.read():
+                                hits.append(p)
+                except OSError:
+                    continue
+    return hits

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, RUN, labctl
+from conftest import REPO, RUN, cmdlines, files_holding, labctl
 from test_container_model_stage import HUB, MODEL, ct, hub_log, secrets
 from test_gpu_host_stage import ANSIBLE_PLAYBOOK, PLAYBOOK, play, recap
 
@@ -92,33 +92,6 @@ def writers():
         except OSError:
             continue
     return pids
-
-
-def cmdlines():
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                out.append((int(pid), f.read().replace(b"\0", b" ").decode(errors="replace")))
-        except OSError:
-            continue
-    return out
-
-
-def files_holding(secret, *tops):
-    hits, needle = [], secret.encode()
-    for top in tops:
-        for d, _dirs, files in os.walk(top):
-            for name in files:
-                p = os.path.join(d, name)
-                try:
-                    if os.path.isfile(p) and not os.path.islink(p) and os.path.getsize(p) < 64 * 2 ** 20:
-                        with open(p, "rb") as f:
-                            if needle in f.read():
-                                hits.append(p)
-                except OSError:
-                    continue
-    return hits
 
 
 def start_play(*args, log_path):

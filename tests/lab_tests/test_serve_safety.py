@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import RUN
+from conftest import RUN, cmdlines, files_holding
 from test_gpu_host_stage import play, recap
 
 CT_UPPER = os.path.join(RUN, "ct", "129", "upper")
@@ -71,34 +71,12 @@ def api_key():
         return f.read().strip()
 
 
-def files_with(top, needle, under="var/log"):
-    hits = []
-    for d, _dirs, files in os.walk(os.path.join(top, under)):
-        for f in files:
-            p = os.path.join(d, f)
-            try:
-                with open(p, "rb") as fh:
-                    if needle in fh.read():
-                        hits.append(p)
-            except OSError:
-                continue
-    return hits
-
-
 def test_api_key_in_no_argv_and_no_log(serving):
-    lab, key = serving, api_key().encode()
+    lab, key = serving, api_key()
     assert key
-    argv_hits = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    if key in f.read():
-                        argv_hits.append(pid)
-            except OSError:
-                continue
-    assert argv_hits == []
-    assert files_with(CT_UPPER, key) == [] and files_with(NODE_UPPER, key) == []
+    assert [pid for pid, argv in cmdlines() if key in argv] == []
+    logs = [os.path.join(top, "var/log") for top in (CT_UPPER, NODE_UPPER)]
+    assert files_holding(key, *logs) == []
     # the server got the key (it answers the authorised completion above) through --config, mode 0600
     assert "--config %s" % SECRETS in ct(lab, "systemctl", "cat", "sglang.service").stdout
     assert ct(lab, "stat", "-c", "%a", SECRETS).stdout.strip() == "600"
