@@ -330,7 +330,7 @@ def hub_error(repo_id, revision, endpoint, exc):
     name = type(exc).__name__
     resp = getattr(exc, "response", None)
     status = getattr(resp, "status_code", None)
-    head = "%s@%s on %s: %s: %s" % (repo_id, revision, endpoint, name, str(exc).strip().split("\n")[0])
+    head = "%s@%s on %s: %s: %s" % (repo_id, revision, endpoint, name, str(exc).strip().split("\n", maxsplit=1)[0])
     if status in (401, 403):
         return head + " - the hub refused the token: check model_hf_token (hf_token in the vault) and that it may read %s" % repo_id
     if name == "RevisionNotFoundError":

@@ -437,7 +437,7 @@ def test_noop_run_reports_the_lock_and_goes_on(env, monkeypatch):
         import sys
         code = ("import sys; sys.path[:0] = %r; from ansible_collections.kpro.gpu_serving.plugins.module_utils import "
                 "lxc_config as lc; print(lc.config_lock_held(129, %r))" % (sys.path, str(env / "lock")))
-        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, universal_newlines=True).stdout
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, universal_newlines=True, check=False).stdout
         assert out.strip() == "True"
     assert not lc.config_lock_held(129, str(env / "lock"))
 
