@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import labctl
+from conftest import converged, labctl
 from test_gpu_host_stage import play, recap
 
 
@@ -29,8 +29,7 @@ def changed_lines(before, after):
 
 
 def test_lxc_raw_passthrough_then_uvm_major_change(lab):
-    labctl("reset")
-    assert recap(play("--tags", "gpu_host").stdout)["failed"] == 0
+    converged("driver")
     before = conf(lab)
     pid_before = lab.state()["guests"]["129"].get("pid")
     r = play("--tags", "lxc_gpu", "-e", "lxc_gpu_method=lxc_raw")
@@ -62,8 +61,7 @@ def test_lxc_raw_passthrough_then_uvm_major_change(lab):
 
 
 def test_devn_passthrough_changes_only_its_lines_and_restarts_once(lab):
-    labctl("reset")
-    assert recap(play("--tags", "gpu_host").stdout)["failed"] == 0
+    converged("driver")
     before = conf(lab)
     pid_before = lab.state()["guests"]["129"].get("pid")
     r = play("--tags", "lxc_gpu")
