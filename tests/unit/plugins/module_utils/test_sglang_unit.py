@@ -86,9 +86,10 @@ def test_fingerprint():
     assert su.config_fingerprint("ab", "c") != su.config_fingerprint("a", "bc")
 
 
-def test_plan_options():
+def test_plan_options_keep_sglang_names():
+    # no renames on the way to the plan: tp_size stays tp_size
     assert su.plan_options(dict(KPRO5, speculative_algorithm="NEXTN")) == {
-        "tp": 2, "context_length": 65536, "mem_fraction_static": 0.85, "max_running_requests": 16, "speculative_algorithm": "NEXTN"}
+        "tp_size": 2, "context_length": 65536, "mem_fraction_static": 0.85, "max_running_requests": 16, "speculative_algorithm": "NEXTN"}
 
 
 def test_exit_status_and_show():
