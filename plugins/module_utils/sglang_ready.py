@@ -48,6 +48,7 @@ def http(method, url, api_key=None, body=None, timeout=5.0):
     except ValueError:
         return status, raw.decode("utf-8", "replace")
 
+
 def planned_weights_mib(plan, planned=None):
     """The weights per GPU (MiB) ready requires: ``planned`` when given, else the plan's ``per_gpu.weights_mib``
     (sglang_service's result carries the plan), else None (not checked)."""

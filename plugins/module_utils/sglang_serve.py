@@ -26,6 +26,7 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_res
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import read_launch_header
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_plan import load_json, plan as memory_plan
 
 
@@ -303,7 +304,7 @@ class Server(object):
         while time.time() < deadline:
             target = os.path.realpath(self.link) if os.path.lexists(self.link) else None
             if target and target != old_target:
-                lid = su.read_launch_header(target)
+                lid = read_launch_header(target)
                 if lid:
                     return lid
             time.sleep(0.05)

@@ -28,7 +28,7 @@ import json
 import os
 import re
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import LAUNCH_HEADER, read_launch_header  # noqa: F401
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import LAUNCH_HEADER
 
 LAUNCHER_PATH = "/usr/local/lib/kpro-gpu-serving/sglang-launch"
 LOG_DIR = "/var/log/sglang"
