@@ -217,6 +217,17 @@ def launch_header(launch_id):
     return "%s %s\n" % (LAUNCH_HEADER, launch_id)
 
 
+def read_launch_header(path, max_bytes=4096):
+    """The launch id in the first line of a log file (:data:`LAUNCH_HEADER` ``<id>``), or None."""
+    try:
+        with open(path, "rb") as f:
+            first = f.read(max_bytes).split(b"\n", 1)[0].decode("utf-8", "replace")
+    except (IOError, OSError):
+        return None
+    m = _LAUNCH_HEADER_RE.match(first)
+    return m.group(1) if m else None
+
+
 # --------------------------------------------------------------------------------------------
 # Parsing
 # --------------------------------------------------------------------------------------------

@@ -28,6 +28,8 @@ import json
 import os
 import re
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import LAUNCH_HEADER
+
 LAUNCHER_PATH = "/usr/local/lib/kpro-gpu-serving/sglang-launch"
 LOG_DIR = "/var/log/sglang"
 ENV_FILE_DIR = "/etc/kpro-gpu-serving"
@@ -50,10 +52,11 @@ NOT_FLAGS = frozenset(["extra"])
 _OPTION_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 # The launcher the role installs at LAUNCHER_PATH. POSIX sh; arguments: <log_dir> <name> <command...>.
-LAUNCHER_SCRIPT = r"""#!/bin/sh
+# @LAUNCH_HEADER@ is sglang_log.LAUNCH_HEADER, the one definition of the header.
+_LAUNCHER_TEMPLATE = r"""#!/bin/sh
 # kpro.gpu_serving: start one launch of a server with its own, launch-identified log.
 #   sglang-launch <log_dir> <name> <command> [args...]
-# The log is <log_dir>/<name>-<launch id>.log, headed by "# kpro-launch-id: <launch id>";
+# The log is <log_dir>/<name>-<launch id>.log, headed by "@LAUNCH_HEADER@ <launch id>";
 # <log_dir>/<name>.log points at the newest. The launch id is systemd's $INVOCATION_ID
 # (new for every start of the unit), or a timestamp + PID when run outside systemd.
 # Older logs beyond $KPRO_SGLANG_KEEP_LOGS (default 10) are removed.
@@ -72,7 +75,7 @@ fi
 mkdir -p "$log_dir"
 log=$log_dir/$name-$id.log
 umask 027
-printf '# kpro-launch-id: %s\n' "$id" > "$log"
+printf '@LAUNCH_HEADER@ %s\n' "$id" > "$log"
 ln -sfn "$name-$id.log" "$log_dir/.$name.log.new"
 mv -f "$log_dir/.$name.log.new" "$log_dir/$name.log"
 keep=${KPRO_SGLANG_KEEP_LOGS:-10}
@@ -91,6 +94,7 @@ mkfifo -m 600 "$fifo"
         -e 's/\(Bearer \)[^ "'"'"',]*/\1<redacted>/g' -e 's/\(--api-key[ =]\)[^ ]*/\1<redacted>/g' >> "$log" ) & )
 exec "$@" > "$fifo" 2>&1
 """
+LAUNCHER_SCRIPT = _LAUNCHER_TEMPLATE.replace("@LAUNCH_HEADER@", LAUNCH_HEADER)
 
 
 class OptionError(ValueError):
@@ -240,17 +244,24 @@ def unit_stem(unit):
     return unit[:-len(".service")] if unit.endswith(".service") else unit
 
 
-def render_unit(unit, venv, options, env_file=None, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, environment=None,
-                timeout_stop_sec=120, user=None, group=None, working_directory=None, description=None, after=None,
-                python=None, limit_nofile=65536, secret_file=None, restart=None):
-    """The unit file text (deterministic for the same arguments). ``restart``: dict of :data:`RESTART_DEFAULTS` keys."""
+def render_unit(unit, venv, options, **kw):
+    """The unit file text (deterministic for the same arguments); see :func:`render_service`."""
+    return render_service(unit, venv, options, **kw)[0]
+
+
+def render_service(unit, venv, options, env_file=None, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, environment=None,
+                   timeout_stop_sec=120, user=None, group=None, working_directory=None, description=None, after=None,
+                   python=None, limit_nofile=65536, secret_file=None, restart=None):
+    """(unit file text, its ExecStart line): the one place ExecStart is built (:func:`exec_start`).
+
+    Deterministic for the same arguments. ``restart``: dict of :data:`RESTART_DEFAULTS` keys."""
     stem = unit_stem(unit)
     rs = dict(RESTART_DEFAULTS, **(restart or {}))
-    words, line = exec_start(venv, options, stem, launcher=launcher, log_dir=log_dir, python=python, secret_file=secret_file)
+    line = exec_start(venv, options, stem, launcher=launcher, log_dir=log_dir, python=python, secret_file=secret_file)[1]
     model = (options or {}).get("served_model_name") or (options or {}).get("model_path") or "model"
     out = [
         "# Managed by kpro.gpu_serving (sglang_service); changes here are overwritten.",
-        "# Every start logs to %s/%s-<InvocationID>.log (first line: # kpro-launch-id: <InvocationID>);" % (log_dir, stem),
+        "# Every start logs to %s/%s-<InvocationID>.log (first line: %s <InvocationID>);" % (log_dir, stem, LAUNCH_HEADER),
         "# %s/%s.log points at the newest." % (log_dir, stem),
         "[Unit]",
         "Description=%s" % _no_control("description", description or "SGLang server (%s)" % model).replace("%", "%%"),
@@ -288,7 +299,7 @@ def render_unit(unit, venv, options, env_file=None, launcher=LAUNCHER_PATH, log_
         "[Install]",
         "WantedBy=multi-user.target",
     ]
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n", line
 
 
 def hard_nofile(limits_text):
@@ -314,18 +325,17 @@ def config_fingerprint(unit_text, env_text):
     return h.hexdigest()
 
 
+# The SGLang options the memory plan reads, by SGLang's own names.
+PLAN_OPTIONS = ("tp_size", "context_length", "mem_fraction_static", "max_running_requests", "max_mamba_cache_size",
+                "mamba_full_memory_ratio", "mamba_ssm_dtype", "kv_cache_dtype", "dtype", "disable_radix_cache",
+                "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+                "page_size", "chunked_prefill_size", "cuda_graph_max_bs")
+
+
 def plan_options(options):
-    """The sglang_plan.plan() options from the SGLang options dict."""
-    o = dict(options or {})
-    out = {}
-    mapping = {"tp_size": "tp"}
-    for k in ("tp_size", "context_length", "mem_fraction_static", "max_running_requests", "max_mamba_cache_size",
-              "mamba_full_memory_ratio", "mamba_ssm_dtype", "kv_cache_dtype", "dtype", "disable_radix_cache",
-              "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-              "page_size", "chunked_prefill_size", "cuda_graph_max_bs"):
-        if o.get(k) is not None and o.get(k) is not False:
-            out[mapping.get(k, k)] = o[k]
-    return out
+    """The SGLang options the memory plan reads (:data:`PLAN_OPTIONS`), by SGLang's names; unset ones left out."""
+    o = options or {}
+    return dict((k, o[k]) for k in PLAN_OPTIONS if o.get(k) is not None and o.get(k) is not False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,17 +458,6 @@ def unit_pids(props, cgroup_root="/sys/fs/cgroup", proc_root="/proc"):
     if main <= 0 or not pid_alive(main, proc_root):
         return [], "mainpid"
     return [main] + descendants(main, proc_root), "mainpid"
-
-
-def read_launch_header(path, max_bytes=4096):
-    """The launch id in the first line of a log (``# kpro-launch-id: <id>``), or None."""
-    try:
-        with open(path, "rb") as f:
-            first = f.read(max_bytes).split(b"\n", 1)[0].decode("utf-8", "replace")
-    except (IOError, OSError):
-        return None
-    m = re.match(r"^#\s*kpro-launch-id:\s*(\S+)\s*$", first)
-    return m.group(1) if m else None
 
 
 def launch_log_path(log_dir, unit, launch_id):

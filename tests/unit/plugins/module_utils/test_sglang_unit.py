@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import select_launch
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import read_launch_header, select_launch
 
 KPRO5 = {"model_path": "/srv/models/Qwen3.6-27B", "served_model_name": "qwen3.6-27b", "tp_size": 2, "context_length": 65536,
          "mem_fraction_static": 0.85, "max_running_requests": 16, "host": "0.0.0.0", "port": 30000}
@@ -86,9 +86,10 @@ def test_fingerprint():
     assert su.config_fingerprint("ab", "c") != su.config_fingerprint("a", "bc")
 
 
-def test_plan_options():
+def test_plan_options_keep_sglang_names():
+    # no renames on the way to the plan: tp_size stays tp_size
     assert su.plan_options(dict(KPRO5, speculative_algorithm="NEXTN")) == {
-        "tp": 2, "context_length": 65536, "mem_fraction_static": 0.85, "max_running_requests": 16, "speculative_algorithm": "NEXTN"}
+        "tp_size": 2, "context_length": 65536, "mem_fraction_static": 0.85, "max_running_requests": 16, "speculative_algorithm": "NEXTN"}
 
 
 def test_exit_status_and_show():
@@ -127,14 +128,14 @@ def test_launcher_writes_a_launch_identified_log(tmp_path):
         assert r.returncode == 0, r.stderr
     assert (logs / "sglang-aaa1.log").read_text() == "# kpro-launch-id: aaa1\nstarted aaa1\n"
     assert os.readlink(str(logs / "sglang.log")) == "sglang-bbb2.log"
-    assert su.read_launch_header(str(logs / "sglang.log")) == "bbb2"
+    assert read_launch_header(str(logs / "sglang.log")) == "bbb2"
     assert select_launch((logs / "sglang.log").read_text(), "bbb2") == "started bbb2\n"
     assert select_launch((logs / "sglang.log").read_text(), "aaa1") is None
     # without systemd: an id of its own
     env = dict(os.environ)
     env.pop("INVOCATION_ID", None)
     subprocess.run(["sh", str(launcher), str(logs), "x", "true"], env=env, check=True)
-    assert su.read_launch_header(str(logs / "x.log"))
+    assert read_launch_header(str(logs / "x.log"))
 
 
 def test_limit_nofile_rendered_and_hard_limit_parsed():

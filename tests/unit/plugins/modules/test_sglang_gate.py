@@ -137,7 +137,7 @@ def service(lab, expect_ok=True, check_mode=False, **kw):
 def unit_gate(lab, res, expect_ok=True):
     args = {"unit": "sglang.service", "systemctl": lab.systemctl, "log_path": res["log_path"], "launch_id": res["launch_id"],
             "base_url": "http://127.0.0.1:%d" % lab.port, "served_model_name": MODEL_NAME, "api_key": "s3cret-key",
-            "planned_weights_mib": res["plan"]["per_gpu"]["weights_mib"], "gpu_baseline_mib": res["gpu_used_mib"], "timeout": 60, "poll_interval": 0.5}
+            "plan": res["plan"], "gpu_baseline_mib": res["gpu_used_mib"], "timeout": 60, "poll_interval": 0.5}
     with pytest.raises(AnsibleExitJson if expect_ok else AnsibleFailJson) as e:
         run_module(sglang_gate, args)
     return e.value.result

@@ -1,0 +1,302 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The serve stage's last step, the readiness gate (the work behind the sglang_gate module).
+
+:class:`Gate` watches one launch until it really serves or fails: this launch's log (:class:`LogReader`,
+only the part under its launch header), the unit's process state, NVML's per-GPU memory, and once the log shows
+uvicorn running ``/health``, ``/v1/models`` and a content probe; :func:`sglang_log.diagnose` names the phase.
+The weights each GPU must hold come from the memory plan sglang_service made (:func:`planned_weights_mib`):
+the plan is not made again here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
+from ansible.module_utils.six.moves.urllib.request import Request, build_opener, ProxyHandler
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import diagnose, parse_log, select_launch
+
+_OPENER = build_opener(ProxyHandler({}))   # loopback: never through a proxy
+
+
+def http(method, url, api_key=None, body=None, timeout=5.0):
+    """(status or None when nothing answers, parsed JSON or text)."""
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = "Bearer %s" % api_key
+    data = json.dumps(body).encode("utf-8") if body is not None else None
+    req = Request(url, data=data, headers=headers)
+    req.get_method = lambda: method
+    try:
+        resp = _OPENER.open(req, timeout=timeout)
+        status, raw = resp.getcode(), resp.read()
+    except HTTPError as e:
+        status, raw = e.code, e.read()
+    except (URLError, OSError, ValueError):
+        return None, None
+    try:
+        return status, json.loads(raw.decode("utf-8", "replace")) if raw else None
+    except ValueError:
+        return status, raw.decode("utf-8", "replace")
+
+
+def planned_weights_mib(plan, planned=None):
+    """The weights per GPU (MiB) ready requires: ``planned`` when given, else the plan's ``per_gpu.weights_mib``
+    (sglang_service's result carries the plan), else None (not checked)."""
+    if planned is not None:
+        return planned
+    return ((plan or {}).get("per_gpu") or {}).get("weights_mib")
+
+
+class LogReader(object):
+    """Incremental reader of one log file; the text so far (restarts when the file is replaced or truncated)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.offset = 0
+        self.ino = None
+        self.chunks = []
+
+    def size(self):
+        try:
+            return os.stat(self.path).st_size
+        except OSError:
+            return -1
+
+    def read(self):
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None if not self.chunks else "".join(self.chunks)
+        if self.ino is not None and (st.st_ino != self.ino or st.st_size < self.offset):
+            self.offset, self.chunks = 0, []
+        self.ino = st.st_ino
+        if st.st_size > self.offset:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(st.st_size - self.offset)
+            # keep a partial last line for the next read
+            cut = data.rfind(b"\n") + 1
+            if cut:
+                self.chunks.append(data[:cut].decode("utf-8", "replace"))
+                self.offset += cut
+        return "".join(self.chunks)
+
+
+class Gate(object):
+    def __init__(self, module):
+        self.m = module
+        p = module.params
+        self.p = p
+        self.t0 = time.time()
+        self.base = p["base_url"].rstrip("/")
+        self.systemctl = (p["systemctl"] or module.get_bin_path("systemctl", required=True)) if p["unit"] else None
+        self.log_path = self.resolve_log()
+        self.reader = LogReader(self.log_path) if self.log_path else None
+        self.last_progress = self.t0
+        self.last_size = -1
+        self.last_used = None
+        self.main_pid = None
+        self.planned = planned_weights_mib(p["plan"], p["planned_weights_mib"])
+        self.last_probe = None
+        self.http_state = None
+        self.gpu_used = None
+        self.exit_status = None
+        self.nrestarts = None
+
+    def resolve_log(self):
+        p = self.p
+        if p["log_dir"] and p["launch_id"]:
+            return su.launch_log_path(p["log_dir"], p["unit"] or "sglang.service", p["launch_id"])
+        if p["log_path"]:
+            return p["log_path"]
+        if p["log_dir"] and p["unit"]:
+            return os.path.join(p["log_dir"], "%s.log" % su.unit_stem(p["unit"]))
+        return None
+
+    # ---- observations ---------------------------------------------------------------
+    def process(self):
+        """(alive, exit_status)."""
+        if self.p["unit"]:
+            props = su.systemctl_show(self.m.run_command, self.systemctl, self.p["unit"])
+            if "_error" in props:
+                return None, None
+            try:
+                self.main_pid = int(props.get("MainPID") or 0) or None
+            except ValueError:
+                self.main_pid = None
+            self.nrestarts = su.nrestarts(props)
+            alive = props.get("ActiveState") in su.ALIVE_STATES and props.get("ActiveState") != "deactivating"
+            if alive and self.p["launch_id"] and props.get("InvocationID") and props["InvocationID"] != self.p["launch_id"]:
+                # the unit was restarted by someone else: this launch is over
+                return False, None
+            return alive, (None if alive else su.exit_status(props))
+        alive = su.pid_alive(self.p["pid"])
+        self.main_pid = self.p["pid"] if alive else None
+        return alive, None
+
+    def gpus(self):
+        facts = gpu_facts(run_command=self.m.run_command)
+        if not facts.get("available"):
+            self.nvml_msg = facts.get("msg")
+            return None
+        return su.used_mib(facts)
+
+    def check_http(self):
+        health = http("GET", self.base + "/health", self.p["api_key"], timeout=self.p["http_timeout"])[0]
+        out = {"health": health, "models": None, "expected_model": self.p["served_model_name"]}
+        if health == 200:
+            status, body = http("GET", self.base + "/v1/models", self.p["api_key"], timeout=self.p["http_timeout"])
+            out["models_status"] = status
+            if status == 200 and isinstance(body, dict):
+                out["models"] = [d.get("id") for d in body.get("data") or [] if isinstance(d, dict)]
+        return out
+
+    def probe(self):
+        body = {"model": self.p["served_model_name"], "prompt": self.p["probe_prompt"], "max_tokens": self.p["probe_max_tokens"],
+                "temperature": 0, "stream": False}
+        t = time.time()
+        status, resp = http("POST", self.base + "/v1/completions", self.p["api_key"], body=body, timeout=self.p["probe_timeout"])
+        elapsed = time.time() - t
+        out = {"status": status, "elapsed_s": round(elapsed, 3)}
+        if status != 200 or not isinstance(resp, dict):
+            out.update(text=None, error=str(resp)[:300] if resp is not None else "no answer")
+            return out
+        choices = resp.get("choices") or [{}]
+        text = choices[0].get("text") if isinstance(choices[0], dict) else None
+        ctoks = (resp.get("usage") or {}).get("completion_tokens")
+        out.update(text=text, completion_tokens=ctoks, finish_reason=choices[0].get("finish_reason") if isinstance(choices[0], dict) else None)
+        out["tokens_per_s"] = round(ctoks / elapsed, 1) if ctoks and elapsed > 0 else None
+        res = detect_degenerate(text)
+        out["degenerate"], out["reason"] = res["degenerate"], res["reason"]
+        rx = self.p["expected_probe_regex"]
+        if not out["degenerate"] and rx and not re.search(rx, text or ""):
+            out["degenerate"], out["reason"] = True, "the text does not match %r" % rx
+        return out
+
+    # ---- the loop -------------------------------------------------------------------
+    def wait_tick(self):
+        """Sleep until the next full check, waking early when the log grows or the main process is gone."""
+        end = time.time() + self.p["poll_interval"]
+        size0 = self.reader.size() if self.reader else -1
+        while True:
+            now = time.time()
+            if now >= end:
+                return
+            time.sleep(min(0.1, end - now))
+            if self.reader and self.reader.size() != size0:
+                return
+            if self.main_pid and not su.pid_alive(self.main_pid):
+                return
+
+    def settle_log(self, quiet_s=0.3, max_s=2.0):
+        end = time.time() + max_s
+        size, since = self.reader.size(), time.time()
+        while time.time() < end:
+            time.sleep(0.05)
+            now_size = self.reader.size()
+            if now_size != size:
+                size, since = now_size, time.time()
+            elif time.time() - since >= quiet_s:
+                return
+
+    def tick(self):
+        p = self.p
+        now = time.time()
+        alive, status = self.process()
+        if status is not None:
+            self.exit_status = status
+        if alive is False and self.reader:
+            # the launcher's log writer can still be flushing the last lines (uvicorn's bind error comes after
+            # the scheduler's): read only once the log has stopped growing, so the diagnosis sees them
+            self.settle_log()
+        text = self.reader.read() if self.reader else None
+        self.gpu_used = self.gpus()
+        size = len(text) if text else 0
+        if size != self.last_size or (self.gpu_used and self.last_used and any(abs(a - b) > 64 for a, b in zip(self.gpu_used, self.last_used))):
+            self.last_progress = now
+        self.last_size = size
+        self.last_used = self.gpu_used
+        part = select_launch(text, p["launch_id"]) if text is not None else None
+        http_state = None
+        if alive and part:
+            ms = parse_log(part)["milestones"]
+            if "uvicorn_running" in ms or "ready" in ms:
+                http_state = self.check_http()
+        self.http_state = http_state
+        elapsed = now - self.t0
+        stalled = now - self.last_progress
+        kw = dict(gpu_used_mib=self.gpu_used, gpu_baseline_mib=p["gpu_baseline_mib"], exit_status=self.exit_status,
+                  process_alive=alive, planned_weights_mib=self.planned, http=http_state, launch_id=p["launch_id"])
+        if alive and stalled >= p["stall_timeout"]:
+            # out of time for this launch: the stall budget, not the overall one, ran out
+            res = diagnose(text, elapsed_s=elapsed, timeout_s=elapsed, stalled_s=None, **kw)
+            if res["phase"] == "timeout":
+                res["remedy"] = ("No progress for %ds (no new log line, no change of GPU memory): " % stalled) + res["remedy"]
+                res["facts"]["stalled_s"] = round(stalled, 1)
+            return res
+        res = diagnose(text, elapsed_s=elapsed, timeout_s=p["timeout"], stalled_s=stalled, **kw)
+        if res["phase"] == "ready":
+            if http_state is None or http_state.get("health") != 200:
+                return None     # the log says ready; wait for /health to agree
+            if http_state.get("models") is not None and p["served_model_name"] not in http_state["models"]:
+                res["phase"] = "warmup_failed"
+                res["evidence"].append("GET /v1/models lists %s, not %s" % (http_state["models"], p["served_model_name"]))
+                res["remedy"] = ("The server answers but serves %s: set served_model_name in the options (--served-model-name) to "
+                                 "%s, or make sure no other server answers on %s." % (http_state["models"], p["served_model_name"], self.base))
+                return res
+            probe = self.probe()
+            self.last_probe = probe
+            if probe.get("text") is None:
+                res = dict(res, phase="warmup_failed", evidence=res["evidence"] + ["probe POST /v1/completions: HTTP %s %s"
+                                                                                   % (probe.get("status"), probe.get("error"))],
+                           remedy="The server is healthy but the completion probe failed (HTTP %s): check the served model name, "
+                                  "the API key and the server log." % probe.get("status"))
+                return res
+            res = diagnose(text, probe={"text": probe["text"], "degenerate": probe["degenerate"], "reason": probe["reason"]}, elapsed_s=elapsed,
+                           timeout_s=p["timeout"], stalled_s=stalled, **kw)
+            return res
+        if res["phase"] == "loading":
+            return self.fatal_in_log(text, kw, elapsed, stalled, now)
+        return res
+
+    def fatal_in_log(self, text, kw, elapsed, stalled, now):
+        """A fatal error this launch's log shows while the process still lives (a child hangs on, or the unit restarted
+        it under a launch id we cannot see): sglang_log decides from the log alone (process_alive=None) once neither
+        the log nor GPU memory moved for fatal_grace seconds, so the gate ends in seconds, not at the stall timeout."""
+        if now - self.last_progress < self.p["fatal_grace"]:
+            return None     # still progressing: a traceback the startup goes on past is not fatal
+        res = diagnose(text, elapsed_s=elapsed, timeout_s=self.p["timeout"], stalled_s=stalled,
+                       **dict(kw, process_alive=None, http=None))
+        if res["phase"] in ("loading", "ready", "timeout"):
+            return None
+        res["evidence"].append("the process is still alive, but this launch's log shows the failure above and neither the log nor "
+                               "GPU memory moved for %.0fs" % (now - self.last_progress))
+        return res
+
+    def run(self):
+        while True:
+            res = self.tick()
+            if res is not None:
+                return res
+            self.wait_tick()
+
+    def summary(self, res):
+        """The module's result for the diagnosis ``res``."""
+        facts = res.get("facts") or {}
+        out = dict(changed=False, phase=res["phase"], evidence=res["evidence"], remedy=res["remedy"], facts=facts,
+                   waited_s=round(time.time() - self.t0, 2), gpu_used_mib=self.gpu_used, exit_status=self.exit_status,
+                   endpoint={"base_url": self.base, "served_model_name": self.p["served_model_name"]}, launch_id=self.p["launch_id"],
+                   log_path=self.log_path, probe=self.last_probe, kv_tokens=facts.get("kv_tokens"), nrestarts=self.nrestarts)
+        if res["phase"] == "ready":
+            out["time_to_ready_s"] = facts.get("time_to_ready_s", out["waited_s"])
+        return out
