@@ -526,7 +526,7 @@ class Service(object):
     def refuse_plan(self, plan):
         pg = plan["per_gpu"]
         weights_only = pg["weights_mib"] > pg["free_mib"]
-        phase = "weights_oom" if weights_only else "kv_cache_oom"
+        phase = plan.get("phase") or ("weights_oom" if weights_only else "kv_cache_oom")
         ev = [plan["reason"],
               "per GPU: total %s MiB, free %s MiB, weights %s MiB, static pool %s MiB (mem_fraction_static %s), reserve %s MiB, "
               "GDN/mamba state %s MiB, speculative reservation %s MiB, KV budget %s MiB = %s tokens, context_length %s"
