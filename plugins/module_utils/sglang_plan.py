@@ -501,7 +501,8 @@ def _does_not_fit(result, o, b, ctx):
 
 def _suggestions(o, b, need):
     sug = []
-    spec, mrr, ndt, per_req, rest0 = o.get("speculative_algorithm"), o.get("max_running_requests"), int(o.get("speculative_num_draft_tokens") or 0), b["per_req"], b["rest0"]
+    spec, ndt = o.get("speculative_algorithm"), int(o.get("speculative_num_draft_tokens") or 0)
+    per_req, rest0 = b["per_req"], b["rest0"]
     if spec and per_req:
         per_mrr = float(per_req) * (ndt + 1)   # reservation + one state slot per request
         max_mrr = int((rest0 - need) // per_mrr) if rest0 > need else 0

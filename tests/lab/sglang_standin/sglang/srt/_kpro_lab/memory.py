@@ -21,6 +21,7 @@ def context_mib(tp):
     """The CUDA context of one rank: the whole pre-weights amount at TP 1 (no NCCL), the rest of it at TP > 1."""
     return CUDA_CONTEXT_MIB if tp > 1 else PRE_WEIGHTS_MIB
 
+
 WARMUP_ACTIVATION_MIB = 208  # caching-allocator growth on the first forward
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
