@@ -3,20 +3,25 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Memory-fit plan for an SGLang launch, before the launch.
 
-Follows SGLang 0.5.9's own sizing (``shared/reference/sglang.md`` section 4,
-``model_runner_kv_cache_mixin.py``): per TP rank,
+Follows SGLang 0.5.11's own sizing (sglang-0.5.11 wheel; ``shared/reference/sglang.md`` section 4 for 0.5.9),
+per TP rank:
 
-    free        = free GPU memory after distributed init (card total - baseline use - CUDA/NCCL context)
-    weights     = safetensors total_size / tp (the MTP draft layer is loaded later, by the draft worker)
+    free        = free GPU memory after distributed init (card total - baseline use - PRE_WEIGHTS_MIB)
+                  ("pre_model_load_memory", model_executor/model_runner.py:1214-1239)
+    weights     = (safetensors total_size - the mtp.* tensors) / tp   (Qwen3.5's loader skips mtp.* for the target,
+                  models/qwen3_5.py:1171; the draft worker loads them)
     available   = free - weights                              # "Load weight end. avail mem"
-    rest        = available - free * (1 - mem_fraction_static)
-    rest       -= mamba_cache_per_req * max_running_requests * draft_tokens   (speculative decoding)
-    rest       -= max_mamba_cache_size * mamba_cache_per_req                   (GDN/mamba state pool)
-    kv_tokens   = rest // kv_cell_bytes                        # "KV Cache is allocated. #tokens"
+    rest        = available - free * (1 - mem_fraction_static)           (model_runner_kv_cache_mixin.py:56-70)
+    rest       -= mamba_cache_per_req * max_running_requests * draft_tokens   (speculative decoding, 78-95)
+    rest       -= max_mamba_cache_size * mamba_cache_per_req                   (GDN/mamba state pool, 97-134)
+    kv_tokens   = rest // kv_cell_bytes // page * page         (pool_configurator.py:190-195)
+    max_running_requests = _resolve_max_num_reqs                (model_runner_kv_cache_mixin.py:698-716)
 
-and the launch fits when ``kv_tokens >= context_length`` (one full-length request).
-The draft model's weights, its one-layer KV pool and the CUDA graphs come out of the
-``(1 - mem_fraction_static)`` reserve afterwards; the plan reports them as warnings.
+and the launch fits when ``kv_tokens >= context_length`` (one full-length request). Before any of this, the
+start-up refusals of SGLang's argument parsing are checked (sglang_rules.startup_refusal): 0.5.10+ refuses
+speculative decoding on a hybrid model with the radix cache on. The draft model's weights, its one-layer KV pool
+and the CUDA graphs come out of the ``(1 - mem_fraction_static)`` reserve afterwards; the plan reports them as
+warnings.
 
 Standard library only; runs on the target's Python 3.9+.
 """
@@ -25,6 +30,8 @@ from __future__ import annotations
 
 import json
 import math
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_rules as rules
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -35,21 +42,20 @@ _DTYPE_BYTES = {
     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
 
-# SGLang 0.5.9: speculative algorithms that reset max_running_requests to 48 (server_args.py:2362-2366)
-_SPEC_MRR_48 = ("EAGLE", "EAGLE3", "STANDALONE", "NEXTN")
-
 DEFAULTS = {
     "tp": 1,
+    "pp_size": 1,
     "context_length": None,             # None: max_position_embeddings of the model
-    "mem_fraction_static": 0.88,        # SGLang's fallback; pass it explicitly
+    "mem_fraction_static": None,        # None: SGLang's own default for the card (sglang_rules.default_mem_fraction_static)
     "max_running_requests": None,
     "max_mamba_cache_size": None,
     "mamba_full_memory_ratio": 0.9,
-    "mamba_ssm_dtype": None,            # None: config mamba_ssm_dtype, else float32
-    "mamba_conv_dtype": "bfloat16",
+    "mamba_ssm_dtype": None,            # None: $SGLANG_MAMBA_SSM_DTYPE, else config mamba_ssm_dtype, else float32
+    "mamba_scheduler_strategy": "auto",  # auto = no_buffer (server_args.py:1079-1082)
     "kv_cache_dtype": "auto",
     "dtype": "auto",
-    "disable_radix_cache": None,        # None: SGLang's choice (forced on for hybrid + speculative)
+    "disable_radix_cache": False,
+    "disable_overlap_schedule": False,
     "speculative_algorithm": None,
     "speculative_num_steps": None,
     "speculative_eagle_topk": None,
@@ -57,8 +63,11 @@ DEFAULTS = {
     "page_size": 1,
     "chunked_prefill_size": None,
     "cuda_graph_max_bs": None,
-    "context_overhead_mib": 800,        # CUDA context + NCCL/custom all-reduce buffers per rank before weights
+    "context_overhead_mib": rules.PRE_WEIGHTS_MIB,   # CUDA context + NCCL/custom all-reduce per rank before weights
 }
+
+# the options plan() understands (sglang_unit.plan_options passes SGLang's own names through)
+PLAN_OPTIONS = tuple(sorted(DEFAULTS))
 
 
 def load_json(path):
@@ -104,9 +113,12 @@ def model_geometry(config):
     heads = int(tc.get("num_attention_heads") or 0)
     hidden = int(tc.get("hidden_size") or 0)
     head_dim = int(tc.get("head_dim") or (hidden // heads if heads else 0))
+    arch = architecture(config)
+    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
     geo = {
-        "architecture": architecture(config),
+        "architecture": arch,
         "model_type": config.get("model_type"),
+        "layer_types": list(tc.get("layer_types") or []),
         "num_hidden_layers": int(tc.get("num_hidden_layers") or 0),
         "full_attention_layers": full,
         "linear_attention_layers": linear,
@@ -119,7 +131,12 @@ def model_geometry(config):
         "max_position_embeddings": tc.get("max_position_embeddings"),
         "mamba_ssm_dtype": tc.get("mamba_ssm_dtype"),
         "mtp_num_hidden_layers": int(tc.get("mtp_num_hidden_layers") or tc.get("num_nextn_predict_layers") or 0),
+        "mtp_params": rules.mtp_param_count(tc),
         "torch_dtype": tc.get("torch_dtype") or tc.get("dtype") or config.get("torch_dtype"),
+        # multimodal as the stand-in and SGLang's default-memory rule see it (a vision tower + *ForConditionalGeneration)
+        "is_multimodal": bool(vision) and str(arch or "").endswith("ForConditionalGeneration"),
+        "vit_layers": int((vision or {}).get("num_hidden_layers") or 24),
+        "vit_hidden": int((vision or {}).get("hidden_size") or 1024),
     }
     if linear:
         geo.update({
@@ -133,14 +150,16 @@ def model_geometry(config):
 
 
 def kv_cell_bytes(geo, tp, kv_dtype_bytes, layers=None):
-    """Bytes of KV cache per token per rank: kv_heads/tp x (head_dim + v_head_dim) x full-attention layers x dtype."""
+    """Bytes of KV cache per token per rank: kv_heads/tp x (head_dim + v_head_dim) x full-attention layers x dtype
+    (pool_configurator.py:158-165)."""
     kv_heads = max(1, geo["num_key_value_heads"] // tp)
     layers = geo["full_attention_layers"] if layers is None else layers
     return kv_heads * (geo["head_dim"] + geo["v_head_dim"]) * layers * kv_dtype_bytes
 
 
 def mamba_cache_per_req_bytes(geo, tp, ssm_bytes=4, conv_bytes=2):
-    """GDN/mamba state of one request per rank: conv state + temporal (SSM) state over the linear layers."""
+    """GDN/mamba state of one request per rank: conv state + temporal (SSM) state over the linear layers
+    (configs/mamba_utils.py:117-127 mamba_cache_per_req)."""
     if not geo.get("linear_attention_layers"):
         return 0
     conv_dim = geo["linear_value_head_dim"] * geo["linear_num_value_heads"] + 2 * geo["linear_num_key_heads"] * geo["linear_key_head_dim"]
@@ -149,18 +168,25 @@ def mamba_cache_per_req_bytes(geo, tp, ssm_bytes=4, conv_bytes=2):
     return (conv + temporal) * geo["linear_attention_layers"]
 
 
-def draft_weights_bytes(geo, dtype_bytes=2):
-    """Rough size of the MTP/NextN draft layer(s) (attention + MLP + the fc projection; embeddings shared)."""
-    n = geo.get("mtp_num_hidden_layers") or 0
-    if not n:
+def mtp_checkpoint_bytes(geo, index=None):
+    """Bytes of the checkpoint's mtp.* tensors that the target model's loader skips (0 for other architectures)."""
+    if geo.get("architecture") not in rules.MTP_SKIPPING_ARCHS or not geo.get("mtp_params"):
         return 0
-    h, inter = geo["hidden_size"], geo["intermediate_size"]
-    q = geo["num_attention_heads"] * geo["head_dim"]
-    kv = geo["num_key_value_heads"] * geo["head_dim"]
-    attn = h * (2 * q) + 2 * h * kv + q * h   # q (with gate) / k / v / o
-    mlp = 3 * h * inter
-    fc = 2 * h * h
-    return n * (attn + mlp + fc) * dtype_bytes
+    wm = index.get("weight_map") if isinstance(index, dict) else None
+    if isinstance(wm, dict) and wm and not any("mtp" in name for name in wm):
+        return 0    # a checkpoint without its MTP head
+    return geo["mtp_params"] * _dtype_bytes(geo.get("torch_dtype"), 2)
+
+
+def draft_weights_bytes(geo, dtype_bytes=2, tp=1):
+    """The MTP draft's own weights per rank, as qwen3_5_mtp.py builds them: fc (an nn.Linear, 69) and the norms on
+    every rank, the decoder layer's projections split over tp; embed_tokens and lm_head are the target's."""
+    total = geo.get("mtp_params") or 0
+    if not total:
+        return 0
+    h, hd = geo["hidden_size"], geo["head_dim"]
+    replicated = 2 * h * h + 3 * h + geo["mtp_num_hidden_layers"] * (2 * h + 2 * hd)
+    return ((total - replicated) / float(tp) + replicated) * dtype_bytes
 
 
 def weights_total_bytes(index):
@@ -178,255 +204,336 @@ def _dtype_bytes(name, default):
     return _DTYPE_BYTES.get(str(name).lower().replace("torch.", ""), default)
 
 
-def resolve_options(options, geo):
-    """SGLang's own defaults and rewrites applied to the options (what server_args= would show)."""
-    o = dict(DEFAULTS)
-    o.update({k: v for k, v in (options or {}).items() if v is not None})
-    notes = []
-    spec = o.get("speculative_algorithm")
-    if spec:
-        spec = str(spec).upper()
-        if spec == "NEXTN":
-            notes.append("NEXTN is run as EAGLE")
-        o["speculative_algorithm"] = spec
-        steps = o.get("speculative_num_steps")
-        topk = o.get("speculative_eagle_topk")
-        ndt = o.get("speculative_num_draft_tokens")
-        if steps is None and topk is None and ndt is None:
-            steps, topk, ndt = 3, 1, 4
-            notes.append("speculative steps/topk/draft tokens not given: assuming 3/1/4")
-        steps = 3 if steps is None else int(steps)
-        topk = 1 if topk is None else int(topk)
-        if topk == 1:
-            if ndt is not None and int(ndt) != steps + 1:
-                notes.append("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1")
-            ndt = steps + 1
-        ndt = int(ndt) if ndt is not None else steps + 1
-        o.update(speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=ndt)
-        if o.get("max_running_requests") is None and spec in _SPEC_MRR_48:
-            o["max_running_requests"] = 48
-            notes.append("Max running requests is reset to 48 for speculative decoding")
-        if geo.get("linear_attention_layers") and o.get("disable_radix_cache") is None:
-            o["disable_radix_cache"] = True
-            notes.append("radix cache disabled (speculative decoding on a hybrid model)")
-    else:
-        o["speculative_num_draft_tokens"] = 0
-    if o.get("disable_radix_cache") is None:
-        o["disable_radix_cache"] = False
-    if o.get("context_length") is None:
-        o["context_length"] = geo.get("max_position_embeddings")
-    if o.get("mamba_ssm_dtype") is None:
-        o["mamba_ssm_dtype"] = geo.get("mamba_ssm_dtype") or "float32"
-    o["_notes"] = notes
-    return o
-
-
 def _mib(b):
     return int(round(b / MIB))
 
 
-def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None, gpu_free_mib=None):
-    """Plan whether a launch fits, per GPU, with SGLang's formula.
+def _speculative_defaults(o, geo, notes):
+    """steps / topk / draft tokens and max_running_requests as _handle_speculative_decoding sets them
+    (server_args.py:3286-3570)."""
+    spec = o["speculative_algorithm"]
+    steps, topk, ndt = o.get("speculative_num_steps"), o.get("speculative_eagle_topk"), o.get("speculative_num_draft_tokens")
+    if spec == "NGRAM":
+        # 3557-3579: topk follows --speculative-ngram-max-bfs-breadth, draft tokens default to 12
+        topk = int(o.get("speculative_ngram_max_bfs_breadth") or 1)
+        ndt = 12 if ndt is None else int(ndt)
+    else:
+        if steps is None:
+            # 3520-3528: auto_choose_speculative_params (7471-7506): (5, 4, 8) for Llama and Grok, else (3, 1, 4)
+            auto = (5, 4, 8) if geo.get("architecture") in ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM") else (3, 1, 4)
+            if topk is None and ndt is None:
+                steps, topk, ndt = auto
+                notes.append("speculative steps/topk/draft tokens not given: SGLang picks %d/%d/%d" % auto)
+            else:
+                steps = auto[0]
+                notes.append("--speculative-num-steps is missing while topk or draft tokens are given: SGLang asserts on this "
+                             "(server_args.py:3521); assuming %d steps" % steps)
+        steps = int(steps)
+        topk = 1 if topk is None else int(topk)
+        if topk == 1 and (ndt is None or int(ndt) != steps + 1):
+            if ndt is not None:
+                notes.append("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1")
+            ndt = steps + 1
+        ndt = int(ndt) if ndt is not None else steps + 1
+    o.update(speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=ndt)
+    if o.get("max_running_requests") is None and spec in rules.SPEC_MRR_48:
+        o["max_running_requests"] = rules.SPEC_DEFAULT_MRR
+        notes.append("Max running requests is reset to 48 for speculative decoding")
+
+
+def resolve_options(options, geo, environment=None):
+    """SGLang's own defaults and rewrites applied to the options (what server_args= would show).
+
+    mem_fraction_static stays None when not given: plan() fills in SGLang's default for the card.
+    """
+    o = dict(DEFAULTS)
+    given = dict((k, v) for k, v in (options or {}).items() if v is not None)
+    if "tp" not in given and "tp_size" in given:
+        given["tp"] = given["tp_size"]      # SGLang's own name (sglang_unit.plan_options passes it through)
+    o.update(given)
+    notes = []
+    spec = o.get("speculative_algorithm")
+    o["_spec_given"] = str(spec).upper() if spec else None
+    if spec:
+        spec = str(spec).upper()
+        if spec == "NEXTN":
+            notes.append("NEXTN is run as EAGLE")
+            spec = "EAGLE"          # server_args.py:3310-3311
+        o["speculative_algorithm"] = spec
+        _speculative_defaults(o, geo, notes)
+    else:
+        o["speculative_algorithm"] = None
+        o["speculative_num_draft_tokens"] = 0
+    o["disable_radix_cache"] = bool(o.get("disable_radix_cache"))
+    if o.get("mamba_scheduler_strategy") in (None, "auto"):
+        o["mamba_scheduler_strategy"] = "no_buffer"     # server_args.py:1079-1082
+    if o.get("context_length") is None:
+        o["context_length"] = geo.get("max_position_embeddings")
+    ssm, conv, dnotes = rules.mamba_state_dtypes(o, geo.get("mamba_ssm_dtype"), environment)
+    o["mamba_ssm_dtype"], o["mamba_conv_dtype"] = ssm, conv
+    notes.extend(dnotes if geo.get("linear_attention_layers") else [])
+    o["_notes"] = notes
+    return o
+
+
+def _as_list(v):
+    if v is None:
+        return None
+    return [float(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+
+
+def _gpu_memory(o, gpu_total_mib, gpu_baseline_mib, gpu_free_mib):
+    """(card total MiB, free MiB before the weights) per rank; SGLang min-reduces over the ranks
+    (get_available_gpu_memory(distributed=True), model_runner.py:1214-1220)."""
+    totals, bases, frees = _as_list(gpu_total_mib), _as_list(gpu_baseline_mib), _as_list(gpu_free_mib)
+    overhead = float(o["context_overhead_mib"])
+    if frees:
+        return (min(totals) if totals else min(frees)), min(frees) - overhead
+    if totals:
+        used = bases if bases else [0.0] * len(totals)
+        free = min(t - (used[i] if i < len(used) else 0.0) for i, t in enumerate(totals)) - overhead
+        return min(totals), free
+    raise ValueError("gpu_total_mib or gpu_free_mib is required")
+
+
+def _budget(geo, o, index, total_mib, free_mib):
+    """The memory profile of one rank, as model_runner_kv_cache_mixin.py:56-134 and pool_configurator.py:190-195 do it."""
+    tp = int(o["tp"])
+    mf = float(o["mem_fraction_static"])
+    b = {"free": free_mib * MIB, "total_mib": total_mib}
+    # never more than the checkpoint: a bare total (no tensor names) cannot say whether it holds the mtp.* tensors
+    b["mtp_bytes"] = min(mtp_checkpoint_bytes(geo, index if not isinstance(index, str) else load_json(index)), weights_total_bytes(index))
+    b["weights"] = (weights_total_bytes(index) - b["mtp_bytes"]) / float(tp)
+    b["available"] = b["free"] - b["weights"]
+    b["reserve"] = b["free"] * (1.0 - mf)
+    b["rest0"] = b["available"] - b["reserve"]
+    kv_bytes = _dtype_bytes(o["kv_cache_dtype"], _dtype_bytes(o["dtype"], _dtype_bytes(geo.get("torch_dtype"), 2)))
+    b["kv_bytes"] = kv_bytes
+    b["cell"] = kv_cell_bytes(geo, tp, kv_bytes)
+    b["ssm_b"] = _dtype_bytes(o["mamba_ssm_dtype"], 4)
+    b["per_req"] = per_req = mamba_cache_per_req_bytes(geo, tp, b["ssm_b"], _dtype_bytes(o["mamba_conv_dtype"], 2))
+    mrr, ndt = o.get("max_running_requests"), int(o.get("speculative_num_draft_tokens") or 0)
+    rest = b["rest0"]
+    b["spec_res"] = 0.0
+    if o.get("speculative_algorithm") and per_req:
+        b["spec_res"] = float(per_req) * int(mrr or 0) * ndt       # 78-95: intermediate states for verification
+        rest -= b["spec_res"]
+    b["mamba_size"], b["mamba_mem"], b["ratio_mode"] = None, 0.0, False
+    if per_req:
+        if o.get("max_mamba_cache_size") is not None:
+            size = int(o["max_mamba_cache_size"])
+        elif o.get("disable_radix_cache") and mrr is not None:
+            size = int(mrr)
+        else:
+            ratio = float(o["mamba_full_memory_ratio"])
+            size = int(max(0.0, rest) * ratio / (1.0 + ratio) // per_req)
+            b["ratio_mode"] = True
+        b["mamba_size"], b["mamba_mem"] = size, float(size) * per_req
+        rest -= b["mamba_mem"]
+    b["kv_budget"] = rest
+    tokens = int(rest // b["cell"]) if rest > 0 and b["cell"] else 0
+    page = int(o.get("page_size") or 1)
+    b["kv_tokens"] = tokens // page * page
+    ctx = int(o["context_length"]) if o.get("context_length") else None
+    b["mrr"] = rules.max_running_requests(b["kv_tokens"], ctx, mrr, b["mamba_size"] if per_req else None, rules.mamba_ratio(o))
+    # the draft worker (EAGLE family with the model's own MTP head): its weights and its one-layer KV pool
+    drafting = o.get("speculative_algorithm") == "EAGLE" and geo.get("mtp_num_hidden_layers")
+    b["d_weights"] = draft_weights_bytes(geo, _dtype_bytes(geo.get("torch_dtype"), 2), tp) if drafting else 0.0
+    d_cell = kv_cell_bytes(geo, tp, kv_bytes, layers=max(1, geo.get("mtp_num_hidden_layers") or 1)) if drafting else 0
+    b["d_kv"] = float(d_cell) * b["kv_tokens"]
+    return b
+
+
+def _per_gpu(b):
+    return {
+        "total_mib": int(b["total_mib"]),
+        "free_mib": _mib(b["free"]),
+        "static_pool_mib": _mib(b["free"] - b["reserve"]),
+        "reserve_mib": _mib(b["reserve"]),
+        "weights_mib": _mib(b["weights"]),
+        "mtp_weights_mib": _mib(b["mtp_bytes"]),
+        "available_mib": _mib(b["available"]),
+        "rest_mib": _mib(b["rest0"]),
+        "mamba_cache_per_req_mib": round(b["per_req"] / float(MIB), 2),
+        "max_mamba_cache_size": b["mamba_size"] or 0,
+        "mamba_state_mib": _mib(b["mamba_mem"]),
+        "spec_reservation_mib": _mib(b["spec_res"]),
+        "kv_budget_mib": _mib(b["kv_budget"]),
+        "kv_cell_bytes": b["cell"],
+        "kv_tokens": b["kv_tokens"],
+        "draft_weights_mib": _mib(b["d_weights"]),
+        "draft_kv_mib": _mib(b["d_kv"]),
+    }
+
+
+def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None, gpu_free_mib=None, environment=None):
+    """Plan whether a launch fits, per GPU, with SGLang 0.5.11's rules and formula.
 
     config: config.json (dict or path); index: model.safetensors.index.json (dict, path, or total bytes);
     options: dict of tp, context_length, mem_fraction_static, max_running_requests, max_mamba_cache_size,
-      mamba_full_memory_ratio, mamba_ssm_dtype, kv_cache_dtype, dtype, disable_radix_cache,
+      mamba_full_memory_ratio, mamba_ssm_dtype, mamba_scheduler_strategy, kv_cache_dtype, dtype, disable_radix_cache,
       speculative_algorithm / speculative_num_steps / speculative_eagle_topk / speculative_num_draft_tokens,
-      context_overhead_mib (CUDA context + NCCL per rank, default 800);
+      page_size, chunked_prefill_size, cuda_graph_max_bs, context_overhead_mib (default sglang_rules.PRE_WEIGHTS_MIB);
     gpu_total_mib: per-GPU total memory (int or list; the smallest is used, as SGLang min-reduces over ranks);
     gpu_baseline_mib: per-GPU memory already used before the launch (subtracted);
-    gpu_free_mib: measured free memory per GPU instead of total - baseline.
+    gpu_free_mib: measured free memory per GPU instead of total - baseline;
+    environment: the server's environment (SGLANG_MAMBA_SSM_DTYPE, SGLANG_MAMBA_CONV_DTYPE, SGLANG_ENABLE_SPEC_V2).
 
-    Returns dict(fits, per_gpu{total_mib, free_mib, static_pool_mib, reserve_mib, weights_mib, available_mib, rest_mib,
-    mamba_state_mib, spec_reservation_mib, kv_budget_mib, kv_cell_bytes, kv_tokens, mamba_cache_per_req_mib,
-    max_mamba_cache_size, draft_weights_mib, draft_kv_mib}, context_length, max_running_requests, reason, remedy,
-    suggestions[{flag, value, effect}], warnings, options (resolved), model (geometry)).
+    Returns dict(fits, phase (None when it fits; else the diagnosis phase the launch would end in), per_gpu{total_mib,
+    free_mib, static_pool_mib, reserve_mib, weights_mib, mtp_weights_mib, available_mib, rest_mib, mamba_state_mib,
+    spec_reservation_mib, kv_budget_mib, kv_cell_bytes, kv_tokens, mamba_cache_per_req_mib, max_mamba_cache_size,
+    draft_weights_mib, draft_kv_mib}, context_length, max_running_requests, reason, remedy, suggestions[{flag, value,
+    effect}], warnings, options (resolved), model (geometry)).
     """
     if isinstance(config, str):
         config = load_json(config)
     geo = model_geometry(config)
-    o = resolve_options(options, geo)
-    tp = int(o["tp"])
-    mf = float(o["mem_fraction_static"])
-    ctx = int(o["context_length"]) if o.get("context_length") else None
-
-    def _as_list(v):
-        if v is None:
-            return None
-        return [float(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
-
-    totals = _as_list(gpu_total_mib)
-    bases = _as_list(gpu_baseline_mib)
-    frees = _as_list(gpu_free_mib)
-    if frees:
-        free_mib = min(frees) - float(o["context_overhead_mib"])
-        total_mib = min(totals) if totals else min(frees)
-    elif totals:
-        used = bases if bases else [0.0] * len(totals)
-        free_mib = min(t - (used[i] if i < len(used) else 0.0) for i, t in enumerate(totals)) - float(o["context_overhead_mib"])
-        total_mib = min(totals)
-    else:
-        raise ValueError("gpu_total_mib or gpu_free_mib is required")
-
-    free = free_mib * MIB
-    weights = weights_total_bytes(index) / float(tp)
-    available = free - weights
-    reserve = free * (1.0 - mf)
-    rest0 = available - reserve
-
-    kv_bytes = _dtype_bytes(o["kv_cache_dtype"], _dtype_bytes(o["dtype"], _dtype_bytes(geo.get("torch_dtype"), 2)))
-    cell = kv_cell_bytes(geo, tp, kv_bytes)
-    ssm_b = _dtype_bytes(o["mamba_ssm_dtype"], 4)
-    conv_b = _dtype_bytes(o["mamba_conv_dtype"], 2)
-    per_req = mamba_cache_per_req_bytes(geo, tp, ssm_b, conv_b)
-    spec = o.get("speculative_algorithm")
-    ndt = int(o.get("speculative_num_draft_tokens") or 0)
-    mrr = o.get("max_running_requests")
-
-    rest = rest0
-    spec_res = 0.0
-    if spec and per_req:
-        spec_res = float(per_req) * int(mrr or 0) * ndt
-        rest -= spec_res
-    mamba_size = 0
-    mamba_mem = 0.0
-    if per_req:
-        if o.get("max_mamba_cache_size") is not None:
-            mamba_size = int(o["max_mamba_cache_size"])
-        elif o.get("disable_radix_cache") and mrr is not None:
-            mamba_size = int(mrr)
-        else:
-            ratio = float(o["mamba_full_memory_ratio"])
-            raw = max(0.0, rest) * ratio / (1.0 + ratio)
-            mamba_size = int(raw // per_req)
-        mamba_mem = float(mamba_size) * per_req
-        rest -= mamba_mem
-    kv_budget = rest
-    kv_tokens = int(kv_budget // cell) if kv_budget > 0 and cell else 0
-    page = int(o.get("page_size") or 1)
-    if page > 1:
-        kv_tokens = kv_tokens // page * page
-    # SGLang's max_running_requests when not given, and the hybrid cap by mamba slots
-    if mrr is None:
-        eff_mrr = min(max(int(kv_tokens / float(ctx) * 512) if ctx else 2048, 2048), 4096)
-        if per_req:
-            eff_mrr = min(eff_mrr, mamba_size // (1 if o.get("disable_radix_cache") else 3))
-    else:
-        eff_mrr = int(mrr)
-        if per_req and mamba_size:
-            eff_mrr = min(eff_mrr, mamba_size)
-
-    d_weights = draft_weights_bytes(geo, 2) / float(tp) if spec in ("EAGLE", "NEXTN") and geo.get("mtp_num_hidden_layers") else 0.0
-    d_cell = kv_cell_bytes(geo, tp, kv_bytes, layers=max(1, geo.get("mtp_num_hidden_layers") or 1)) if d_weights else 0
-    d_kv = float(d_cell) * kv_tokens
-
-    per_gpu = {
-        "total_mib": int(total_mib),
-        "free_mib": _mib(free),
-        "static_pool_mib": _mib(free * mf),
-        "reserve_mib": _mib(reserve),
-        "weights_mib": _mib(weights),
-        "available_mib": _mib(available),
-        "rest_mib": _mib(rest0),
-        "mamba_cache_per_req_mib": round(per_req / float(MIB), 2),
-        "max_mamba_cache_size": mamba_size,
-        "mamba_state_mib": _mib(mamba_mem),
-        "spec_reservation_mib": _mib(spec_res),
-        "kv_budget_mib": _mib(kv_budget),
-        "kv_cell_bytes": cell,
-        "kv_tokens": kv_tokens,
-        "draft_weights_mib": _mib(d_weights),
-        "draft_kv_mib": _mib(d_kv),
-    }
-    warnings = list(o.pop("_notes"))
+    o = resolve_options(options, geo, environment)
+    total_mib, free_mib = _gpu_memory(o, gpu_total_mib, gpu_baseline_mib, gpu_free_mib)
+    if o.get("mem_fraction_static") is None:
+        gpu_mem = min(_as_list(gpu_total_mib)) if gpu_total_mib is not None else None
+        o["mem_fraction_static"] = rules.default_mem_fraction_static(gpu_mem, o, geo) if gpu_mem else 0.88
+        o["_notes"].append("mem_fraction_static not given: SGLang's default for this card is %.3f" % o["mem_fraction_static"])
+    refusal = rules.startup_refusal(geo, o, environment)
+    sized = o
+    if refusal:
+        # size the launch as it would run with the first remedy, so the operator sees whether that fits
+        flag, value, _effect = refusal["flags"][0]
+        sized = dict(o, **({"disable_radix_cache": True} if flag == "--disable-radix-cache" else {"mamba_scheduler_strategy": value}))
+    b = _budget(geo, sized, index, total_mib, free_mib)
     result = {
         "fits": False,
-        "per_gpu": per_gpu,
-        "context_length": ctx,
-        "max_running_requests": eff_mrr,
+        "phase": None,
+        "per_gpu": _per_gpu(b),
+        "context_length": int(o["context_length"]) if o.get("context_length") else None,
+        "max_running_requests": b["mrr"],
         "reason": "",
         "remedy": "",
         "suggestions": [],
-        "warnings": warnings,
-        "options": o,
+        "warnings": list(o.pop("_notes")),
+        "options": dict((k, v) for k, v in o.items() if not k.startswith("_")),
         "model": geo,
     }
+    if refusal:
+        return _refused(result, refusal, _verdict(dict(result, warnings=[]), sized, b))
+    return _verdict(result, o, b)
 
-    # --- the verdict ---------------------------------------------------------------------
-    if weights > free:
-        result["reason"] = ("The weights per GPU (%d MiB = total_size / tp %d) do not fit in the %d MiB free per GPU."
-                            % (_mib(weights), tp, _mib(free)))
-        need_tp = int(math.ceil(weights * tp / (free * 0.8)))
-        result["suggestions"] = [{"flag": "--tp-size", "value": need_tp, "effect": "weights per GPU %d MiB" % _mib(weights * tp / need_tp)},
+
+def _refused(result, refusal, with_flag):
+    """SGLang would stop while parsing its arguments: no GPU memory touched, a traceback, exit 1."""
+    flag, value, effect = refusal["flags"][0]
+    result["phase"] = "init_failed_before_gpu"
+    then = ("with it the launch fits: %s" % with_flag["reason"]) if with_flag["fits"] else (
+        "with it the memory plan still refuses the launch: %s %s" % (with_flag["reason"], with_flag["remedy"]))
+    result["reason"] = ("SGLang 0.5.10+ refuses this configuration at start-up, before touching a GPU "
+                        "(sglang/srt/server_args.py, the mamba scheduler strategy check): ValueError: %s Add %s; %s"
+                        % (refusal["error"], flag if value is True else "%s %s" % (flag, value), then))
+    result["suggestions"] = [{"flag": f, "value": v, "effect": e} for f, v, e in refusal["flags"]]
+    result["remedy"] = "Add %s (%s)%s." % (
+        flag if value is True else "%s %s" % (flag, value), effect,
+        "".join("; or %s %s (%s)" % (f, v, e) for f, v, e in refusal["flags"][1:]))
+    result["warnings"].extend(w for w in with_flag["warnings"] if w not in result["warnings"])
+    return result
+
+
+def _verdict(result, o, b):
+    """fits / weights_oom / kv_cache_oom with the reason, the numbers and the levers."""
+    tp, mf = int(o["tp"]), float(o["mem_fraction_static"])
+    ctx = result["context_length"]
+    if b["weights"] > b["free"]:
+        result["phase"] = "weights_oom"
+        result["reason"] = ("The weights per GPU (%d MiB = (total_size - mtp.* %d MiB) / tp %d) do not fit in the %d MiB free per GPU."
+                            % (_mib(b["weights"]), _mib(b["mtp_bytes"]), tp, _mib(b["free"])))
+        need_tp = int(math.ceil(b["weights"] * tp / (b["free"] * 0.8)))
+        result["suggestions"] = [{"flag": "--tp-size", "value": need_tp, "effect": "weights per GPU %d MiB" % _mib(b["weights"] * tp / need_tp)},
                                  {"flag": "--quantization", "value": "fp8", "effect": "about half the weights"}]
         result["remedy"] = "Raise --tp-size to %d (more GPUs) or use a quantized checkpoint (--quantization fp8)." % need_tp
         return result
-    if rest0 <= 0:
-        need_mf = 1.0 - (available - 1.0 * GIB) / free
+    if b["rest0"] <= 0:
+        result["phase"] = "kv_cache_oom"
+        need_mf = 1.0 - (b["available"] - 1.0 * GIB) / b["free"]
         result["reason"] = ("After the weights (%d MiB per GPU) only %d MiB are free, less than the %d MiB reserve that "
-                            "--mem-fraction-static %.2f keeps out of the pool." % (_mib(weights), _mib(available), _mib(reserve), mf))
+                            "--mem-fraction-static %.3g keeps out of the pool." % (_mib(b["weights"]), _mib(b["available"]), _mib(b["reserve"]), mf))
         result["suggestions"] = [{"flag": "--mem-fraction-static", "value": round(min(0.95, need_mf + 0.005), 3),
                                   "effect": "leaves 1 GiB for KV cache"},
                                  {"flag": "--tp-size", "value": tp * 2, "effect": "halves the weights per GPU"}]
         result["remedy"] = _remedy_text(result["suggestions"])
         return result
+    if b["kv_tokens"] >= (ctx or 1) and b["mrr"] > 0:
+        return _fits(result, b, ctx)
+    return _does_not_fit(result, o, b, ctx)
 
-    need_tokens = ctx or 1
-    if kv_tokens >= need_tokens:
-        result["fits"] = True
-        result["reason"] = ("KV cache holds %d tokens per GPU (%d MiB at %d bytes/token) for context %s; %d MiB of GDN/mamba state "
-                            "(%d slots) and %d MiB reserved for speculative verification."
-                            % (kv_tokens, _mib(kv_budget), cell, ctx, _mib(mamba_mem), mamba_size, _mib(spec_res)))
-        # the reserve has to hold the draft model, CUDA graphs and activations
-        if d_weights and d_weights + d_kv > reserve * 0.5:
-            warnings.append("the draft model (%d MiB weights + %d MiB KV) takes more than half of the %d MiB reserve left for CUDA "
-                            "graphs and activations" % (_mib(d_weights), _mib(d_kv), _mib(reserve)))
-        if ctx and kv_tokens < ctx * 2:
-            warnings.append("the KV pool holds fewer than two full-length requests (%d tokens for context %d)" % (kv_tokens, ctx))
-        return result
 
-    # does not fit: the numbers and the levers, in order
-    short = need_tokens * cell - kv_budget
-    result["reason"] = ("The KV-cache pool does not fit: %d MiB per GPU after weights %d MiB, reserve %d MiB (mem_fraction_static %.2f), "
+def _fits(result, b, ctx):
+    result["fits"] = True
+    result["reason"] = ("KV cache holds %d tokens per GPU (%d MiB at %d bytes/token) for context %s; %d MiB of GDN/mamba state "
+                        "(%d slots), %d MiB reserved for speculative verification; max_running_requests %d."
+                        % (b["kv_tokens"], _mib(b["kv_budget"]), b["cell"], ctx, _mib(b["mamba_mem"]), b["mamba_size"] or 0,
+                           _mib(b["spec_res"]), b["mrr"]))
+    # the reserve has to hold the draft model, CUDA graphs and activations
+    if b["d_weights"] and b["d_weights"] + b["d_kv"] > b["reserve"] * 0.5:
+        result["warnings"].append("the draft model (%d MiB weights + %d MiB KV) takes more than half of the %d MiB reserve left for "
+                                  "CUDA graphs and activations" % (_mib(b["d_weights"]), _mib(b["d_kv"]), _mib(b["reserve"])))
+    if ctx and b["kv_tokens"] < ctx * 2:
+        result["warnings"].append("the KV pool holds fewer than two full-length requests (%d tokens for context %d)" % (b["kv_tokens"], ctx))
+    return result
+
+
+def _does_not_fit(result, o, b, ctx):
+    """The KV pool is too small for one full-length request (or no request slot is left): the numbers and the levers, in order."""
+    result["phase"] = "kv_cache_oom"
+    mf, mrr, ndt, per_req = float(o["mem_fraction_static"]), o.get("max_running_requests"), int(o.get("speculative_num_draft_tokens") or 0), b["per_req"]
+    need = (ctx or 1) * b["cell"]
+    result["reason"] = ("The KV-cache pool does not fit: %d MiB per GPU after weights %d MiB, reserve %d MiB (mem_fraction_static %.3g), "
                         "GDN/mamba state %d MiB (%d slots x %.1f MiB) and speculative reservation %d MiB (%s requests x %d draft tokens "
                         "x %.1f MiB) leaves %d MiB for KV = %d tokens, context_length %s needs %d MiB."
-                        % (_mib(available), _mib(weights), _mib(reserve), mf, _mib(mamba_mem), mamba_size, per_req / float(MIB),
-                           _mib(spec_res), mrr, ndt, per_req / float(MIB), _mib(kv_budget), kv_tokens, ctx, _mib(need_tokens * cell)))
+                        % (_mib(b["available"]), _mib(b["weights"]), _mib(b["reserve"]), mf, _mib(b["mamba_mem"]), b["mamba_size"] or 0,
+                           per_req / float(MIB), _mib(b["spec_res"]), mrr, ndt, per_req / float(MIB), _mib(b["kv_budget"]), b["kv_tokens"],
+                           ctx, _mib(need)))
+    if b["kv_tokens"] >= (ctx or 1):
+        result["reason"] += (" The pool holds the tokens, but max_running_requests comes out as %d (max_mamba_cache_size %d // %d): "
+                             "SGLang asserts \"max_running_request is zero\" (managers/tp_worker.py:297)."
+                             % (b["mrr"], b["mamba_size"] or 0, rules.mamba_ratio(o)))
+    sug = _suggestions(o, b, need)
+    result["suggestions"] = sug
+    result["remedy"] = _remedy_text(sug) if sug else "Use more GPUs (--tp-size) or a smaller model: short by %d MiB per GPU." % _mib(need - b["kv_budget"])
+    return result
+
+
+def _suggestions(o, b, need):
     sug = []
-    ctx_need = need_tokens * cell
+    spec, ndt = o.get("speculative_algorithm"), int(o.get("speculative_num_draft_tokens") or 0)
+    per_req, rest0 = b["per_req"], b["rest0"]
     if spec and per_req:
         per_mrr = float(per_req) * (ndt + 1)   # reservation + one state slot per request
-        max_mrr = int((rest0 - ctx_need) // per_mrr) if rest0 > ctx_need else 0
+        max_mrr = int((rest0 - need) // per_mrr) if rest0 > need else 0
         if max_mrr >= 1:
             val = min(max_mrr, 16)
             sug.append({"flag": "--max-running-requests", "value": val,
                         "effect": "speculative reservation %d MiB + state %d MiB, KV %d tokens"
-                                  % (_mib(per_req * val * ndt), _mib(per_req * val), int((rest0 - per_mrr * val) // cell))})
+                                  % (_mib(per_req * val * ndt), _mib(per_req * val), int((rest0 - per_mrr * val) // b["cell"]))})
         if ndt > 2:
             sug.append({"flag": "--speculative-num-draft-tokens", "value": 2,
                         "effect": "with --speculative-num-steps 1 --speculative-eagle-topk 1"})
-    if mamba_mem + spec_res > 0 and ssm_b == 4:
+    if b["mamba_mem"] + b["spec_res"] > 0 and b["ssm_b"] == 4:
         sug.append({"flag": "--mamba-ssm-dtype", "value": "bfloat16", "effect": "halves the GDN temporal state (accuracy trade-off)"})
-    max_ctx = int(kv_budget // cell) if kv_budget > 0 else 0
+    max_ctx = int(b["kv_budget"] // b["cell"]) if b["kv_budget"] > 0 else 0
     if max_ctx >= 4096:
         sug.append({"flag": "--context-length", "value": int(max_ctx // 1024 * 1024), "effect": "the largest context this pool holds"})
-    # mem_fraction_static needed: available - free*(1-mf) - mamba - spec >= ctx_need
-    ratio_mode = bool(per_req) and o.get("max_mamba_cache_size") is None and not (o.get("disable_radix_cache") and mrr is not None)
-    if ratio_mode:
+    # mem_fraction_static needed: available - free*(1-mf) - mamba - spec >= need
+    if b["ratio_mode"]:
         # the mamba pool takes ratio/(1+ratio) of whatever is left: the rest must cover the KV share
         r = float(o["mamba_full_memory_ratio"])
-        need_mf = 1.0 - (available - spec_res - ctx_need * (1.0 + r)) / free
+        need_mf = 1.0 - (b["available"] - b["spec_res"] - need * (1.0 + r)) / b["free"]
     else:
-        need_mf = 1.0 - (available - mamba_mem - spec_res - ctx_need) / free
+        need_mf = 1.0 - (b["available"] - b["mamba_mem"] - b["spec_res"] - need) / b["free"]
     if need_mf <= 0.95:
         sug.append({"flag": "--mem-fraction-static", "value": round(need_mf + 0.005, 3),
                     "effect": "shrinks the %d MiB reserve left for CUDA graphs/activations to %d MiB"
-                              % (_mib(reserve), _mib(free * (1 - need_mf - 0.005)))})
+                              % (_mib(b["reserve"]), _mib(b["free"] * (1 - need_mf - 0.005)))})
     if spec:
         sug.append({"flag": "--speculative-algorithm", "value": None, "effect": "no speculative reservation (turn MTP off)"})
-    result["suggestions"] = sug
-    result["remedy"] = _remedy_text(sug) if sug else "Use more GPUs (--tp-size) or a smaller model: short by %d MiB per GPU." % _mib(short)
-    return result
+    return sug
 
 
 def _remedy_text(suggestions):

@@ -140,7 +140,8 @@ def plan_refusal(plan):
     if plan is None or plan["fits"]:
         return None
     pg = plan["per_gpu"]
-    phase = "weights_oom" if pg["weights_mib"] > pg["free_mib"] else "kv_cache_oom"
+    # the plan names its phase (a refusal SGLang makes at startup is init_failed_before_gpu); else by what does not fit
+    phase = plan.get("phase") or ("weights_oom" if pg["weights_mib"] > pg["free_mib"] else "kv_cache_oom")
     ev = [plan["reason"],
           "per GPU: total %s MiB, free %s MiB, weights %s MiB, static pool %s MiB (mem_fraction_static %s), reserve %s MiB, "
           "GDN/mamba state %s MiB, speculative reservation %s MiB, KV budget %s MiB = %s tokens, context_length %s"

@@ -63,7 +63,7 @@ def model_weights_index(model_dir):
     return sum(os.path.getsize(os.path.join(model_dir, f)) for f in os.listdir(model_dir) if f.endswith(".safetensors"))
 
 
-def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=None, warn=None):
+def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=None, warn=None, environment=None):
     """The SGLang options -> the memory plan of this launch (sglang_plan.plan over the GPUs it will use), or None
     (with a warning) when the model's files are not there or the plan cannot be made."""
     warn = warn or (lambda msg: None)
@@ -78,11 +78,10 @@ def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=
     base_gpu = int(options.get("base_gpu_id") or 0)
     sel = list(range(base_gpu, min(len(gpu_total_mib), base_gpu + tp))) or list(range(len(gpu_total_mib)))
     popts = su.plan_options(options)
-    popts["tp"] = tp    # sglang_plan's name for tp_size (until it reads tp_size itself)
     popts.update(overrides or {})
     try:
         res = memory_plan(load_json(cfg_path), model_weights_index(model_dir), popts, gpu_total_mib=[gpu_total_mib[i] for i in sel],
-                          gpu_baseline_mib=[baseline_mib[i] for i in sel] if baseline_mib else None)
+                          gpu_baseline_mib=[baseline_mib[i] for i in sel] if baseline_mib else None, environment=environment)
     except (ValueError, KeyError, TypeError) as e:
         warn("memory plan failed: %s" % e)
         return None
@@ -207,7 +206,7 @@ class Server(object):
         if not self.p["plan"]:
             return None
         res = plan_launch(self.opts, self.p["model_dir"] or self.opts.get("model_path"), [g.get("memory_total_mib") for g in facts["gpus"]],
-                          baseline, self.p["plan_overrides"], self.m.warn)
+                          baseline, self.p["plan_overrides"], self.m.warn, self.p["environment"])
         if res is not None:
             self.result["plan"] = res
             refusal = sr.plan_refusal(res)

@@ -327,7 +327,7 @@ def config_fingerprint(unit_text, env_text):
 
 # The SGLang options the memory plan reads, by SGLang's own names.
 PLAN_OPTIONS = ("tp_size", "context_length", "mem_fraction_static", "max_running_requests", "max_mamba_cache_size",
-                "mamba_full_memory_ratio", "mamba_ssm_dtype", "kv_cache_dtype", "dtype", "disable_radix_cache",
+                "mamba_full_memory_ratio", "mamba_ssm_dtype", "mamba_scheduler_strategy", "kv_cache_dtype", "dtype", "disable_radix_cache",
                 "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
                 "page_size", "chunked_prefill_size", "cuda_graph_max_bs")
 

@@ -28,7 +28,11 @@ TOTAL = 49140
 TOTAL_SIZE = 55400000000  # bytes in the real model's index (metadata.total_size)
 
 sys.path.insert(0, STANDIN)
+from sglang.srt._kpro_lab import args as sargs  # noqa: E402
 from sglang.srt._kpro_lab import memory  # noqa: E402
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_plan, sglang_rules  # noqa: E402
+
+WHEEL = "sglang-0.5.11 wheel (pip download --no-deps sglang==0.5.11)"
 
 SEED = ["--tp-size", "2", "--context-length", "65536", "--mem-fraction-static", "0.85", "--speculative-algorithm", "NEXTN",
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
@@ -57,6 +61,7 @@ def lab(tmp_path):
            "vision_config": {"depth": 27, "hidden_size": 1152}, "torch_dtype": "bfloat16"}
     (model / "config.json").write_text(json.dumps(cfg))
     wm = dict(("model.language_model.layers.%d.mlp.down_proj.weight" % i, "model-%05d-of-00011.safetensors" % (i % 11 + 1)) for i in range(64))
+    wm["mtp.fc.weight"] = "model-00011-of-00011.safetensors"   # the checkpoint carries the MTP head, like the real one
     (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": TOTAL_SIZE}, "weight_map": wm}))
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -219,12 +224,35 @@ def test_formula_seed_numbers(tmp_path):
     per_req = memory.mamba_cache_per_req(f, 2, "float32")
     assert abs(per_req / memory.MIB - 73.41) < 0.01
     assert abs(per_req * 48 * 5 / memory.GIB - 17.2) < 0.05   # 48 x 4 draft tokens + 48 states
-    assert memory.default_mem_fraction(49140, 2, 4096, 32, None, _NoVlm()) == 0.858
-    assert memory.default_mem_fraction(49140, 2, 4096, 32, "EAGLE", _NoVlm()) == 0.816
+    # 0.5.9: no piecewise graphs by default, 2048 MiB for an EAGLE draft (0.5.9 server_args.py:1043-1057)
+    assert memory.default_mem_fraction(49140, 2, 4096, 32, None, _NoVlm(), version=(0, 5, 9, 0)) == 0.858
+    assert memory.default_mem_fraction(49140, 2, 4096, 32, "EAGLE", _NoVlm(), version=(0, 5, 9, 0)) == 0.816
+    # 0.5.11: + 50 piecewise sizes x 8 MiB, 4096 MiB for the draft (server_args.py:1456-1475)
+    assert memory.default_mem_fraction(49140, 2, 4096, 32, None, _NoVlm()) == 0.85
+    assert memory.default_mem_fraction(49140, 2, 4096, 32, "EAGLE", _NoVlm()) == 0.767
+    # the plan computes the same default for the same card and model
+    f.is_multimodal = True
+    geo = sglang_plan.model_geometry(cfg)
+    o = sglang_plan.resolve_options({"tp": 2, "speculative_algorithm": "NEXTN", "disable_radix_cache": True}, geo)
+    assert sglang_rules.default_mem_fraction_static(49140, o, geo) == memory.default_mem_fraction(49140, 2, 4096, 32, "EAGLE", f)
 
 
 class _NoVlm(object):
     is_multimodal = False
+
+
+def test_one_pre_weights_value_and_the_same_mtp_head():
+    """The plan and the stand-in use one value for the memory before weights, and count the mtp.* tensors alike."""
+    assert memory.PRE_WEIGHTS_MIB == sglang_rules.PRE_WEIGHTS_MIB == sglang_plan.DEFAULTS["context_overhead_mib"]
+    assert memory.context_mib(2) + memory.NCCL_INIT_MIB == memory.context_mib(1) == memory.PRE_WEIGHTS_MIB
+    assert set(sargs.MAMBA_RADIX_ARCHS) == set(sglang_rules.MAMBA_RADIX_ARCHS)
+    fix = os.path.join(REPO, "tests", "unit", "fixtures", "qwen3.6-27b")
+    facts = memory.ModelFacts(fix)
+    geo = sglang_plan.model_geometry(sglang_plan.load_json(os.path.join(fix, "config.json")))
+    index = sglang_plan.load_json(os.path.join(fix, "model.safetensors.index.json"))
+    assert memory.mtp_bytes(facts) == sglang_plan.mtp_checkpoint_bytes(geo, index) > 800 * 2 ** 20
+    assert memory.weights_per_rank_bytes(facts, 2) == pytest.approx((facts.total_size - memory.mtp_bytes(facts)) / 2.0)
+    assert memory.draft_weights_per_rank_bytes(facts, 2) == pytest.approx(sglang_plan.draft_weights_bytes(geo, 2, 2))
 
 
 # ---- a good start ---------------------------------------------------------------------------
@@ -234,18 +262,30 @@ def test_good_start_log_memory_http(lab):
     health, samples = [], []
     assert lab.wait_for(lambda: (samples.append(lab.used()), health.append(lab.get("/health")[0]), health[-1] == 200)[-1], 30), lab.text()
     text = lab.text()
+    plan = good_plan(lab)
+    free_gb = (TOTAL - BASELINE - memory.PRE_WEIGHTS_MIB) / 1024.0
     order_ok(text, ["server_args=ServerArgs(", "TP0] Init torch distributed begin.", "Init torch distributed ends.",
-                    "TP0] Load weight begin. avail mem=47.14 GB",
+                    "TP0] Load weight begin. avail mem=%.2f GB" % free_gb,
                     "Loading safetensors checkpoint shards: 100% Completed | 11/11", "Load weight end.", "type=Qwen3_5ForConditionalGeneration",
                     "Mamba Cache is allocated. max_mamba_cache_size: 8", "KV Cache is allocated. #tokens: ", "Memory pool end.",
                     "Capture cuda graph begin.", "Capture cuda graph end.", "type=Qwen3_5ForCausalLMMTP", "Capture draft cuda graph end.",
                     "Capture draft extend cuda graph end.", "max_total_num_tokens=", "INFO:     Started server process [%d]" % lab.proc.pid,
                     "Waiting for application startup.", "Application startup complete.", "Uvicorn running on http://127.0.0.1:%d" % lab.port,
                     '"GET /model_info HTTP/1.1" 200 OK', '"POST /v1/chat/completions HTTP/1.1" 200 OK', "The server is fired up and ready to roll!"])
+    tokens = plan["per_gpu"]["kv_tokens"]
     for r in (0, 1):
-        assert "TP%d] Load weight end. elapsed=" % r in text and "TP%d] KV Cache is allocated. #tokens: 373803, K size: 5.70 GB" % r in text
+        # the plan's token count for the same inputs (the stand-in's MiB bookkeeping may shift it by a few tokens)
+        m = re.search(r"TP%d\] KV Cache is allocated\. #tokens: (\d+), K size: ([\d.]+) GB" % r, text)
+        assert "TP%d] Load weight end. elapsed=" % r in text and m, text[-3000:]
+        assert abs(int(m.group(1)) - tokens) <= 64 and float(m.group(2)) == pytest.approx((tokens + 1) * 2 * 256 * 16 * 2 / 2.0 ** 30, abs=0.011)
     assert re.search(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d TP1\] Init torch distributed begin\.$", text, re.M)
-    assert "mem usage=25.80 GB." in text
+    # 0.5.11 model_runner.py:1467-1474: no dtype=; the target's weights leave the mtp.* tensors out (qwen3_5.py:1171)
+    target_gb = plan["per_gpu"]["weights_mib"] / 1024.0
+    assert re.search(r"TP0\] Load weight end\. elapsed=[\d.]+ s, type=Qwen3_5ForConditionalGeneration, avail mem=[\d.]+ GB, mem usage=%.2f GB\."
+                     % target_gb, text) or re.search(r"mem usage=%.2f GB\." % (target_gb - 0.01), text), text[-4000:]
+    assert "dtype=torch." not in text
+    assert re.search(r"type=Qwen3_5ForCausalLMMTP, avail mem=[\d.]+ GB, mem usage=%.2f GB\." % (plan["per_gpu"]["draft_weights_mib"] / 1024.0), text)
+    assert plan["max_running_requests"] == 8 and "max_running_requests=8," in text
     # memory rose in steps, per rank, and is held by the titled scheduler processes
     assert len(set(s[0] for s in samples)) > 5 and samples[0] == [BASELINE, BASELINE]
     st = lab.state()
@@ -278,7 +318,7 @@ def test_good_start_log_memory_http(lab):
     gen = json.loads(body)
     assert "Paris" in gen["text"] and gen["meta_info"]["spec_accept_length"] > 2
     code, body = lab.get("/server_info", key="sekret")
-    assert json.loads(body)["max_total_num_tokens"] == 373803
+    assert abs(json.loads(body)["max_total_num_tokens"] - tokens) <= 64
     # SIGTERM after the first request: sglang's graceful exit ends with kill_process_tree(self) -> SIGKILL
     os.kill(lab.proc.pid, signal.SIGTERM)
     rc = lab.wait()[0]
@@ -287,7 +327,100 @@ def test_good_start_log_memory_http(lab):
     assert all(g["processes"] == [] for g in lab.state()["gpus"])
 
 
+def good_plan(lab):
+    """sglang_plan.plan() for GOOD on the lab fixture's model and GPUs."""
+    opts = {"tp": 2, "context_length": 65536, "mem_fraction_static": 0.85, "speculative_algorithm": "NEXTN", "speculative_num_steps": 3,
+            "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4, "max_running_requests": 8, "disable_radix_cache": True}
+    return sglang_plan.plan(str(lab.model / "config.json"), str(lab.model / "model.safetensors.index.json"), opts,
+                            gpu_total_mib=[TOTAL, TOTAL], gpu_baseline_mib=[BASELINE, BASELINE])
+
+
 # ---- failures -----------------------------------------------------------------------------
+
+# The source text the stand-in follows, quoted from the sglang-0.5.11 wheel:
+# sglang/srt/server_args.py:2453-2456
+#     raise ValueError(
+#         f"Speculative decoding for {model_arch} is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer."
+#         "To use radix cache with speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1."
+#     )
+SPEC_RADIX_SOURCE = ("Speculative decoding for {model_arch} is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer."
+                     "To use radix cache with speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.")
+# sglang/srt/entrypoints/engine.py:1216-1224 (_scheduler_died_error)
+#     return RuntimeError(
+#         f"Rank {rank} scheduler died during initialization "
+#         f"(exit code: {proc.exitcode}). "
+#         f"If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. "
+#         f"Run `dmesg -T | grep -i oom` to check."
+#     )
+DIED_SOURCE = ("Rank {rank} scheduler died during initialization (exit code: {exitcode}). If exit code is -9 (SIGKILL), a common cause "
+               "is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.")
+# sglang/srt/model_executor/model_runner.py:1467-1474 (0.5.11; 0.5.9 had dtype={self.dtype}, after type=)
+#     f"Load weight end. "
+#     f"elapsed={time.perf_counter() - tic_total:.2f} s, "
+#     f"type={type(self.model).__name__}, "
+#     f"{quant_str + ', ' if quant_str else ''}"
+#     f"avail mem={after_avail_memory:.2f} GB, "
+#     f"mem usage={self.weight_load_mem_usage:.2f} GB."
+WEIGHT_END_SOURCE = re.compile(r"Load weight end\. elapsed=\d+\.\d\d s, type=\w+, avail mem=\d+\.\d\d GB, mem usage=\d+\.\d\d GB\.$")
+
+
+def test_seed_refused_at_argument_parsing_0511(lab):
+    """0.5.10+: NEXTN with the radix cache on a hybrid model stops in ServerArgs.__post_init__, before any GPU use; the plan
+    refuses the same configuration with the same text and names the flag."""
+    lab.start(SEED)
+    rc, samples = lab.wait()
+    text = lab.text()
+    msg = SPEC_RADIX_SOURCE.format(model_arch="Qwen3_5ForConditionalGeneration")
+    assert rc == 1 and "ValueError: " + msg in text.splitlines()
+    order_ok(text, ["Traceback (most recent call last):", "sglang/launch_server.py\", line 66, in <module>",
+                    "sglang/srt/server_args.py\", line 845, in __post_init__", "line 2453, in _handle_mamba_radix_cache", "ValueError: "])
+    assert "Init torch distributed begin" not in text and "Max running requests is reset" not in text
+    assert max(max(s) for s in samples) == BASELINE
+    p = sglang_plan.plan(str(lab.model / "config.json"), str(lab.model / "model.safetensors.index.json"),
+                         {"tp": 2, "context_length": 65536, "mem_fraction_static": 0.85, "speculative_algorithm": "NEXTN"},
+                         gpu_total_mib=[TOTAL, TOTAL], gpu_baseline_mib=[BASELINE, BASELINE])
+    assert p["fits"] is False and p["phase"] == "init_failed_before_gpu" and msg in p["reason"]
+    assert p["suggestions"][0]["flag"] == "--disable-radix-cache" and "--disable-radix-cache" in p["remedy"]
+    # with the flag the stand-in starts (GOOD) and 0.5.9 disabled the radix cache by itself (test_seed_kv_cache_oom_natural)
+
+
+def test_scheduler_died_0511(lab):
+    """A rank SIGKILLed while loading (the OOM killer's way): 0.5.10+ raises _scheduler_died_error with the exit code."""
+    lab.start(GOOD, drill="slow_load:60")
+    assert lab.wait_for(lambda: "Using model weights format" in lab.text())
+    lab.record_children()
+    tp1 = [p for p in descendants(lab.proc.pid) if _title(p) == "sglang::scheduler_TP1"]
+    assert tp1, lab.text()
+    os.kill(tp1[0], signal.SIGKILL)
+    rc = lab.wait()[0]
+    text = lab.text()
+    assert rc == 1, text[-3000:]
+    assert "RuntimeError: " + DIED_SOURCE.format(rank=1, exitcode=-9) in text.splitlines()
+    order_ok(text, ["Traceback (most recent call last):", "entrypoints/engine.py\", line 619, in wait_for_ready", "_wait_for_scheduler_ready",
+                    "RuntimeError: Rank 1 scheduler died during initialization (exit code: -9)."])
+    assert "scheduler is dead" not in text
+    subprocess.run([sys.executable, "-m", "sglang.srt._kpro_lab.gpustate", "reap"], env=lab.env(), capture_output=True, check=True)
+    assert lab.wait_baseline()
+
+
+def _title(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")[0].decode()
+    except OSError:
+        return ""
+
+
+def test_weight_end_line_follows_the_0511_source(lab):
+    """Every "Load weight end" line of a 0.5.11 start matches the source's f-string (no dtype=); 0.5.9 keeps dtype=."""
+    lab.start(GOOD + ["--disable-cuda-graph"])
+    assert lab.wait_for(lambda: lab.get("/health")[0] == 200), lab.text()
+    lines = [ln.split("] ", 1)[1] for ln in lab.text().splitlines() if "Load weight end." in ln]
+    assert len(lines) == 4 and all(WEIGHT_END_SOURCE.match(ln) for ln in lines), lines
+    os.kill(lab.proc.pid, signal.SIGTERM)
+    lab.wait()
+    assert lab.wait_baseline()
+
 
 def test_seed_kv_cache_oom_natural(lab):
     """65536 ctx + 0.85 + NEXTN (48 requests by default) on 2 x A6000: the seed's failure, by the formula."""
@@ -440,9 +573,9 @@ def test_bad_flags_and_drills(lab):
     lab.start(GOOD, drill="no_such_drill")
     rc = lab.wait()[0]
     assert rc == 70 and "unknown drill" in lab.text()
-    lab.start(SEED)  # 0.5.10+: radix cache + spec on a hybrid model is refused at argument parsing
+    lab.start(SEED + ["--disable-radix-cache", "--mamba-scheduler-strategy", "extra_buffer"])  # server_args.py:2397-2401
     rc = lab.wait()[0]
-    assert rc == 1 and "is not compatible with radix cache" in lab.text()
+    assert rc == 1 and "ValueError: mamba extra_buffer is not compatible with --disable-radix-cache Overlap" in lab.text()
 
 
 def test_drill_file_and_labstate_backend(lab):

@@ -86,9 +86,13 @@ def test_plan_refusal_names_the_phase_and_the_numbers():
                 gpu_total_mib=[49140, 49140])
     assert fits["fits"] and sr.plan_refusal(fits) is None and sr.plan_refusal(None) is None
     assert sr.stored_plan(fits) == {"fits": True, "per_gpu": fits["per_gpu"], "reason": fits["reason"]}
-    seed = plan(cfg, idx, {"tp": 2, "context_length": 65536, "mem_fraction_static": 0.85, "speculative_algorithm": "NEXTN"},
-                gpu_total_mib=[49140, 49140])
+    # with the radix cache off (0.5.10+ refuses NEXTN on this hybrid model otherwise: init_failed_before_gpu, below)
+    seed = plan(cfg, idx, {"tp": 2, "context_length": 65536, "mem_fraction_static": 0.85, "speculative_algorithm": "NEXTN",
+                           "disable_radix_cache": True}, gpu_total_mib=[49140, 49140])
     f = sr.plan_refusal(seed)
     assert f.phase == "kv_cache_oom" and f.remedy == seed["remedy"] and "context_length 65536" in f.evidence[1]
+    radix = sr.plan_refusal(plan(cfg, idx, {"tp": 2, "context_length": 65536, "speculative_algorithm": "NEXTN"},
+                                 gpu_total_mib=[49140, 49140]))
+    assert radix.phase == "init_failed_before_gpu" and "--disable-radix-cache" in radix.remedy
     weights = plan(cfg, idx, {"tp": 1, "context_length": 65536}, gpu_total_mib=[24000])
     assert sr.plan_refusal(weights).phase == "weights_oom"

@@ -204,7 +204,7 @@ def test_service_launch_gate_rerun_and_stop(serve_lab):
 
 def test_service_refuses_the_seed_nextn_plan_with_numbers(serve_lab):
     opts = serve_lab.options(max_running_requests=None, speculative_algorithm="NEXTN", speculative_num_steps=3,
-                             speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+                             speculative_eagle_topk=1, speculative_num_draft_tokens=4, disable_radix_cache=True)
     res = service(serve_lab, expect_ok=False, options=opts)
     assert res["phase"] == "kv_cache_oom"
     assert "--max-running-requests" in res["remedy"] and "MiB" in res["evidence"][0]

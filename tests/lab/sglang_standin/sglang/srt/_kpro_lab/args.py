@@ -291,6 +291,9 @@ def prepare(argv):
         a.attention_backend = "flashinfer" if not facts.hybrid else "triton"
     if a.mamba_scheduler_strategy == "auto":
         a.mamba_scheduler_strategy = "no_buffer"
+    # 0.5.11 _handle_model_specific_adjustments (server_args.py:845) runs before _handle_speculative_decoding (882):
+    # the radix/speculative refusal sees the algorithm as given (NEXTN too), then NEXTN becomes EAGLE (3310-3311)
+    _mamba_radix_cache(a, facts)
     if a.speculative_algorithm == "NEXTN":
         a.speculative_algorithm = "EAGLE"
     if a.speculative_algorithm is not None and a.speculative_algorithm != "NGRAM":
@@ -302,35 +305,102 @@ def prepare(argv):
             a.speculative_eagle_topk = 1
         if a.speculative_num_draft_tokens is None:
             a.speculative_num_draft_tokens = a.speculative_num_steps + 1
-        if facts.hybrid and not a.disable_radix_cache:
-            if version_tuple() >= (0, 5, 10, 0):
-                raise ValueError(
-                    "Speculative decoding for %s is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer. "
-                    "To use radix cache with speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set "
-                    "SGLANG_ENABLE_SPEC_V2=1." % facts.arch)
-            util.bare("Disabling radix cache since speculative decoding for %s is not supported with radix cache yet." % facts.arch)
-            a.disable_radix_cache = True
+    if a.speculative_algorithm is not None:
+        # 0.5.11: every algorithm resets it (server_args.py:3430-3434, 3454-3458, 3563-3567)
         if a.max_running_requests is None:
             a.max_running_requests = 48
             util.bare("Max running requests is reset to 48 for speculative decoding. You can override this by explicitly setting "
                       "--max-running-requests.")
-        a.disable_overlap_schedule = True
-        util.bare("Overlap scheduler is disabled when spec v2 is off or using unsupported speculative algorithm. You can set env "
-                  "SGLANG_ENABLE_SPEC_V2=True to enable the experimental overlap scheduler. ")
+        _overlap_for_speculative(a)
         if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != a.speculative_num_steps + 1:
             util.bare("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1")
             a.speculative_num_draft_tokens = a.speculative_num_steps + 1
-    elif facts.hybrid and not a.disable_radix_cache and not a.disable_overlap_schedule:
-        util.bare("Disabling overlap schedule since mamba no_buffer is not compatible with overlap schedule, try to use "
-                  "--disable-radix-cache if overlap schedule is necessary")
-        a.disable_overlap_schedule = True
     if a.mem_fraction_static is None:
         if gpu_mem is None:
             a.mem_fraction_static = 0.88
         else:
             a.mem_fraction_static = memory.default_mem_fraction(gpu_mem, a.tp_size, a.chunked_prefill_size, a.cuda_graph_max_bs,
-                                                                a.speculative_algorithm, facts, a.pp_size)
+                                                                a.speculative_algorithm, facts, a.pp_size, version_tuple())
     return a, facts
+
+
+# 0.5.11 server_args.py:2138-2296: the hybrid architectures whose mamba radix-cache rules run
+# (kept equal to plugins/module_utils/sglang_rules.py MAMBA_RADIX_ARCHS by tests/unit/lab/test_sglang_standin.py)
+MAMBA_RADIX_ARCHS = frozenset([
+    "NemotronHForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+    "FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration", "Lfm2ForCausalLM",
+])
+# the frames of 0.5.11's traceback for a refusal in _handle_mamba_radix_cache (the dataclass's generated
+# __init__, File "<string>", is left out)
+_REFUSAL_FRAMES = [
+    ("sglang/launch_server.py", 66, "<module>", "server_args = prepare_server_args(sys.argv[1:])"),
+    ("sglang/srt/server_args.py", 7299, "prepare_server_args", "return ServerArgs.from_cli_args(raw_args)"),
+    ("sglang/srt/server_args.py", 6685, "from_cli_args", "return cls(**{attr: getattr(args, attr) for attr in attrs})"),
+    ("sglang/srt/server_args.py", 845, "__post_init__", "self._handle_model_specific_adjustments()"),
+    ("sglang/srt/server_args.py", 2236, "_handle_model_specific_adjustments", "self._handle_mamba_radix_cache("),
+]
+
+
+class StartupRefusal(ValueError):
+    """A ValueError of ServerArgs.__post_init__ with the frames the real traceback shows (launch() prints them, exit 1)."""
+
+    def __init__(self, msg, line):
+        ValueError.__init__(self, msg)
+        self.frames = _REFUSAL_FRAMES + [("sglang/srt/server_args.py", line, "_handle_mamba_radix_cache", "raise ValueError(")]
+
+
+def _mamba_radix_cache(a, facts):
+    """0.5.11 _handle_mamba_radix_cache (server_args.py:2366-2456) for a hybrid model, on CUDA."""
+    hybrid = facts.arch in MAMBA_RADIX_ARCHS or (facts.arch == "GraniteMoeHybridForCausalLM" and "mamba" in facts.layer_types)
+    if not facts.hybrid or (version_tuple() >= (0, 5, 10, 0) and not hybrid):
+        return
+    if a.mamba_scheduler_strategy == "extra_buffer":
+        if a.disable_radix_cache:
+            # server_args.py:2397-2401
+            raise StartupRefusal("mamba extra_buffer is not compatible with --disable-radix-cache Overlap scheduling is already supported "
+                                 "with no_buffer + disable_radix_cache. Please use --mamba-scheduler-strategy no_buffer instead.", 2397)
+        return
+    if a.disable_radix_cache:
+        return
+    if a.speculative_algorithm is None:
+        # server_args.py:2427-2432
+        util.bare("Disabling overlap schedule since mamba no_buffer is not compatible with overlap schedule, try to use "
+                  "--disable-radix-cache if overlap schedule is necessary")
+        a.disable_overlap_schedule = True
+    elif version_tuple() >= (0, 5, 10, 0):
+        # server_args.py:2453-2456: two literals joined without a space ("no_buffer.To use")
+        raise StartupRefusal("Speculative decoding for %s is not compatible with radix cache when using --mamba-scheduler-strategy no_buffer."
+                             "To use radix cache with speculative decoding, please use --mamba-scheduler-strategy extra_buffer and set "
+                             "SGLANG_ENABLE_SPEC_V2=1." % facts.arch, 2453)
+    else:
+        # 0.5.9 server_args.py:1762
+        util.bare("Disabling radix cache since speculative decoding for %s is not supported with radix cache yet." % facts.arch)
+        a.disable_radix_cache = True
+
+
+def _overlap_for_speculative(a):
+    """The overlap scheduler with speculative decoding: 0.5.11 keeps it for EAGLE-family topk 1 (spec v2, on by default,
+    server_args.py:3461-3484; environ.py:459); 0.5.9/0.5.10 turn it off unless SGLANG_ENABLE_SPEC_V2 is set."""
+    v2_default = version_tuple() >= (0, 5, 11, 0)
+    env = os.environ.get("SGLANG_ENABLE_SPEC_V2")
+    v2 = v2_default if env is None else env.strip().lower() in ("1", "true", "yes", "on")
+    if a.speculative_algorithm == "NGRAM":
+        a.disable_overlap_schedule = True
+        return
+    if not v2_default:
+        a.disable_overlap_schedule = True
+        util.bare("Overlap scheduler is disabled when spec v2 is off or using unsupported speculative algorithm. You can set env "
+                  "SGLANG_ENABLE_SPEC_V2=True to enable the experimental overlap scheduler. ")
+        return
+    reason = None
+    if a.speculative_eagle_topk is not None and a.speculative_eagle_topk > 1 and not a.disable_overlap_schedule:
+        a.disable_overlap_schedule, reason = True, "spec v2 currently only supports topk = 1"
+    elif not v2 and not a.disable_overlap_schedule:
+        a.disable_overlap_schedule, reason = True, "SGLANG_ENABLE_SPEC_V2=False"
+    if a.disable_overlap_schedule:
+        util.bare("Spec v1 is used for eagle/eagle3/standalone speculative decoding because %s." % (reason or "overlap schedule is disabled"))
+    else:
+        util.bare("Spec v2 is enabled by default for eagle/eagle3/standalone speculative decoding.")
 
 
 def visible_gpus(state_gpus):

@@ -9,8 +9,19 @@ import os
 GIB = float(1 << 30)
 MIB = float(1 << 20)
 
-CUDA_CONTEXT_MIB = 466      # what a CUDA context + torch init shows in NVML per process
-NCCL_INIT_MIB = 98          # NCCL communicators / custom all-reduce buffers (TP > 1)
+# What one rank holds on its GPU before the weights load: CUDA context + torch init, and at TP > 1 the NCCL
+# communicators / custom all-reduce buffers. The total is the memory-fit plan's value
+# (plugins/module_utils/sglang_rules.py PRE_WEIGHTS_MIB; tests/unit/lab/test_sglang_standin.py checks they agree).
+PRE_WEIGHTS_MIB = 800
+NCCL_INIT_MIB = 98          # the TP > 1 share of it
+CUDA_CONTEXT_MIB = PRE_WEIGHTS_MIB - NCCL_INIT_MIB
+
+
+def context_mib(tp):
+    """The CUDA context of one rank: the whole pre-weights amount at TP 1 (no NCCL), the rest of it at TP > 1."""
+    return CUDA_CONTEXT_MIB if tp > 1 else PRE_WEIGHTS_MIB
+
+
 WARMUP_ACTIVATION_MIB = 208  # caching-allocator growth on the first forward
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -58,6 +69,7 @@ class ModelFacts(object):
         self.lin_v_dim = int(text.get("linear_value_head_dim", 128))
         self.conv_kernel = int(text.get("linear_conv_kernel_dim", 4))
         self.mamba_ssm_dtype = text.get("mamba_ssm_dtype") or "float32"
+        self.layer_types = list(text.get("layer_types") or [])
         self.mtp_layers = int(text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers", 0)) or 0)
         index = os.path.join(model_path, "model.safetensors.index.json")
         self.total_size = None
@@ -67,6 +79,9 @@ class ModelFacts(object):
                 idx = json.load(f)
             self.total_size = int((idx.get("metadata") or {}).get("total_size", 0)) or None
             self.shards = sorted(set((idx.get("weight_map") or {}).values()))
+            self.has_mtp = any("mtp" in name for name in (idx.get("weight_map") or {})) or not idx.get("weight_map")
+        else:
+            self.has_mtp = True
         if self.total_size is None:
             self.total_size = sum(os.path.getsize(os.path.join(model_path, n)) for n in os.listdir(model_path) if n.endswith(".safetensors"))
             self.shards = sorted(n for n in os.listdir(model_path) if n.endswith(".safetensors"))
@@ -83,19 +98,46 @@ def dtype_bytes(name, default=2):
     return _DTYPE_BYTES.get(str(name).replace("torch.", ""), default)
 
 
+# The architectures whose loader skips every tensor named *mtp* for the target model (0.5.11 models/qwen3_5.py:1171,
+# 1314, 1517, 1764; models/qwen3_next.py:1076); the draft worker loads them (models/qwen3_5_mtp.py:253).
+MTP_SKIPPING_ARCHS = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM",
+                      "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM")
+
+
+def mtp_tensors(facts):
+    """(name, elements, split over TP) of a Qwen3.5-style checkpoint's mtp.* tensors (dense MLP), as the draft builds
+    them (0.5.11 models/qwen3_5_mtp.py:69-83): fc is a plain nn.Linear (every rank), norms replicated, the layer split."""
+    if facts.mtp_layers <= 0 or not facts.has_mtp or facts.arch not in MTP_SKIPPING_ARCHS:
+        return []
+    h, hd, heads, kv = facts.hidden, facts.head_dim, facts.heads, facts.kv_heads
+    gate = 2 if facts.text.get("attn_output_gate", True) else 1
+    out = [("mtp.fc.weight", 2 * h * h, False), ("mtp.pre_fc_norm_embedding.weight", h, False),
+           ("mtp.pre_fc_norm_hidden.weight", h, False), ("mtp.norm.weight", h, False)]
+    for i in range(facts.mtp_layers):
+        p = "mtp.layers.%d." % i
+        out += [(p + "input_layernorm.weight", h, False), (p + "post_attention_layernorm.weight", h, False),
+                (p + "self_attn.q_proj.weight", heads * hd * gate * h, True), (p + "self_attn.k_proj.weight", kv * hd * h, True),
+                (p + "self_attn.v_proj.weight", kv * hd * h, True), (p + "self_attn.o_proj.weight", h * heads * hd, True),
+                (p + "self_attn.q_norm.weight", hd, False), (p + "self_attn.k_norm.weight", hd, False),
+                (p + "mlp.gate_proj.weight", facts.intermediate * h, True), (p + "mlp.up_proj.weight", facts.intermediate * h, True),
+                (p + "mlp.down_proj.weight", h * facts.intermediate, True)]
+    return out
+
+
+def mtp_bytes(facts):
+    """Bytes of the mtp.* tensors in the checkpoint."""
+    return sum(n for _name, n, _split in mtp_tensors(facts)) * dtype_bytes(facts.torch_dtype, 2)
+
+
 def weights_per_rank_bytes(facts, tp, dtype_scale=1.0):
-    return facts.total_size * dtype_scale / tp
+    """The target model's weights on one rank: the checkpoint less the mtp.* tensors its loader skips."""
+    return (facts.total_size - mtp_bytes(facts)) * dtype_scale / tp
 
 
 def draft_weights_per_rank_bytes(facts, tp):
-    """The MTP draft's own parameters (one decoder layer + fc + norms); embed/lm_head are shared."""
-    if facts.mtp_layers <= 0:
-        return 0.0
-    h = facts.hidden
-    attn = h * facts.heads * facts.head_dim * 2 + h * facts.kv_heads * facts.head_dim * 2 + facts.heads * facts.head_dim * h
-    mlp = 3 * h * facts.intermediate
-    fc = 2 * h * h
-    return facts.mtp_layers * (attn + mlp + fc) * 2.0 / tp
+    """The MTP draft's own weights on one rank; embed_tokens / lm_head are the target's (qwen3_5_mtp.py:110-117)."""
+    elem = dtype_bytes(facts.torch_dtype, 2)
+    return sum((n / float(tp) if split else n) * elem for _name, n, split in mtp_tensors(facts))
 
 
 def kv_heads_per_rank(facts, tp):
@@ -120,33 +162,47 @@ def mamba_cache_per_req(facts, tp, ssm_dtype):
     return (conv + ssm) * facts.linear_layers
 
 
-def default_mem_fraction(gpu_mem_mib, tp, chunked, cuda_graph_max_bs, spec_algo, facts, pp=1):
-    """``_handle_gpu_memory_settings`` (section 4.2) plus the VLM adjustment."""
+def default_mem_fraction(gpu_mem_mib, tp, chunked, cuda_graph_max_bs, spec_algo, facts, pp=1, version=(0, 5, 11, 0)):
+    """``_handle_gpu_memory_settings`` (0.5.11 server_args.py:1434-1484) plus the VLM adjustment (7137-7173, not rounded).
+
+    0.5.10+: piecewise CUDA graphs are on unless disabled (off for multimodal models and pp > 1, 1194-1230) and add
+    8 MiB per captured size; EAGLE-family drafts reserve 4096 MiB. 0.5.9: piecewise graphs opt-in, drafts 2048 MiB
+    (0.5.9 server_args.py:1043-1057).
+    """
     reserved = 512.0
     if chunked > 0:
         reserved += max(chunked, 2048) * 1.5
     reserved += cuda_graph_max_bs * 2
     reserved += tp * pp / 8.0 * 1024
+    if version >= (0, 5, 10, 0) and not facts.is_multimodal and pp == 1:
+        reserved += len(piecewise_graph_tokens(chunked)) * 8
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     if spec_algo is not None:
         if spec_algo == "STANDALONE":
             reserved += 6 * 1024
         elif spec_algo != "NGRAM":
-            reserved += 2 * 1024
+            reserved += (4 if version >= (0, 5, 10, 0) else 2) * 1024
     mf = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
     if facts.is_multimodal:
         layers, hidden = facts.vit_dims()
         factor = 1 - 0.1 * (layers * hidden * hidden / (24.0 * 1024 * 1024) - 1)
-        mf = round(mf * 0.95 * min(max(factor, 0.8), 1.05), 3)
+        mf = mf * 0.95 * min(max(factor, 0.8), 1.05)
     return mf
+
+
+def piecewise_graph_tokens(max_tokens):
+    """``_generate_piecewise_cuda_graph_tokens`` (0.5.11 server_args.py:1550-1568)."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(range(576, 1025, 64))
+             + list(range(1280, 4097, 256)) + list(range(4608, max_tokens + 1, 512)))
+    return [x for x in sizes if x <= max_tokens]
 
 
 def gpu_tier_defaults(gpu_mem_mib, tp):
     """(chunked_prefill_size, cuda_graph_max_bs) by GPU memory tier (4096/32 for 35-60 GB, tp<4)."""
     g = gpu_mem_mib / 1024.0
     if g < 20:
-        return 2048, (8 if tp < 4 else 16)
+        return 2048, 8          # 0.5.11 server_args.py:1319-1325
     if g < 35:
         return 2048, (24 if tp < 4 else 80)
     if g < 60:
@@ -156,10 +212,24 @@ def gpu_tier_defaults(gpu_mem_mib, tp):
     return 8192, (256 if tp < 4 else 512)
 
 
+def mamba_ratio(args, version):
+    """``_calculate_mamba_ratio`` (0.5.11 model_runner_kv_cache_mixin.py:180-192): 1 without the radix cache, else 3, plus the
+    extra_buffer ping-pong (2 with the overlap scheduler, 1 without; 0.5.9: 1 with speculative decoding, else 2)."""
+    if args.disable_radix_cache:
+        return 1
+    extra = 0
+    if args.mamba_scheduler_strategy == "extra_buffer":
+        if version >= (0, 5, 10, 0):
+            extra = 1 if args.disable_overlap_schedule else 2
+        else:
+            extra = 1 if args.speculative_algorithm is not None else 2
+    return 3 + extra
+
+
 class PoolPlan(object):
     """``profile_max_num_token`` + ``handle_max_mamba_cache`` + ``init_memory_pool``."""
 
-    def __init__(self, facts, args, total_gpu_gib, available_gib):
+    def __init__(self, facts, args, total_gpu_gib, available_gib, version=(0, 5, 11, 0)):
         tp = args.tp_size
         kv_bytes = dtype_bytes(args.kv_cache_dtype if args.kv_cache_dtype not in (None, "auto") else args.model_dtype, 2)
         self.cell = cell_size(facts, tp, kv_bytes)
@@ -192,17 +262,22 @@ class PoolPlan(object):
         if args.max_total_tokens is not None and 0 < args.max_total_tokens < tokens:
             self.max_total_num_tokens = args.max_total_tokens // page * page
         ctx = args.context_length
-        if args.max_running_requests is None:
-            max_num_reqs = min(max(int(self.max_total_num_tokens / float(ctx) * 512), 2048), 4096)
+        mrr_cli = args.max_running_requests
+        estimated = max(min(int(self.max_total_num_tokens / float(ctx) * 512), 4096), 2048)
+        if version >= (0, 5, 10, 0):
+            # 0.5.11 model_runner_kv_cache_mixin.py:698-716 (_resolve_max_num_reqs); tp_worker.py:296 takes it as is
+            max_num_reqs = min(mrr_cli, estimated) if mrr_cli is not None else min(estimated, self.max_total_num_tokens // 2)
         else:
-            max_num_reqs = args.max_running_requests
+            # 0.5.9 model_runner_kv_cache_mixin.py:340-368
+            max_num_reqs = estimated if mrr_cli is None else mrr_cli
         if facts.hybrid and self.max_mamba_cache_size is not None:
-            ratio = 1 if args.disable_radix_cache else 3
-            max_num_reqs = min(max_num_reqs, max(self.max_mamba_cache_size // ratio, 0))
+            max_num_reqs = min(max_num_reqs, max(self.max_mamba_cache_size // mamba_ratio(args, version), 0))
         self.req_pool_size = max_num_reqs
         self.fits = self.max_total_num_tokens > 0
-        mrr_cli = args.max_running_requests
-        self.max_running_requests = min(mrr_cli if mrr_cli else self.max_total_num_tokens // 2, self.req_pool_size)
+        if version >= (0, 5, 10, 0):
+            self.max_running_requests = max_num_reqs
+        else:
+            self.max_running_requests = min(mrr_cli if mrr_cli else self.max_total_num_tokens // 2, self.req_pool_size)
         self.max_req_len = min(ctx - 1, self.max_total_num_tokens - 1)
         # allocations (bytes)
         L = facts.linear_layers

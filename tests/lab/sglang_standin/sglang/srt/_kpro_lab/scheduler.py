@@ -118,7 +118,7 @@ class Rank(object):
                       msg.rstrip("\n"))
         before = self.free_gib()
         try:
-            self.alloc(memory.CUDA_CONTEXT_MIB * MIB, torch_tensor=False)
+            self.alloc(memory.context_mib(a.tp_size) * MIB, torch_tensor=False)
         except MemoryError:
             self.fail(_frames_runner([_SET_DEVICE]),
                       "RuntimeError: CUDA error: out of memory")
@@ -194,8 +194,7 @@ class Rank(object):
                 util.raw("\rLoading safetensors checkpoint shards: %3.0f%% Completed | %d/%d [%s<%s, %s]\n"
                          % (100.0 * (k + 1) / n, k + 1, n, _mmss(el), _mmss(per * (n - k - 1)), rate))
         after = self.free_gib()
-        self.log("Load weight end. elapsed=%.2f s, type=%s, dtype=torch.%s, avail mem=%.2f GB, mem usage=%.2f GB."
-                 % (time.time() - t0, facts.arch, dtype, after, before - after))
+        self.log(_weight_end(time.time() - t0, facts.arch, dtype, after, before - after))
         self.weights_gib = before - after
         self.init_pools(total_gpu)
 
@@ -203,7 +202,7 @@ class Rank(object):
         a, facts = self.a, self.facts
         avail = self.allreduce_min("avail", self.free_gib())
         util.sleep(0.05)
-        plan = memory.PoolPlan(facts, a, total_gpu, avail)
+        plan = memory.PoolPlan(facts, a, total_gpu, avail, _version())
         self.plan = plan
         if "kv_cache_oom" in self.drills or not plan.fits:
             if _version() >= (0, 5, 11, 0):
@@ -315,10 +314,8 @@ class Rank(object):
         try:
             self.alloc(memory.draft_weights_per_rank_bytes(facts, a.tp_size))
             after = self.free_gib()
-            self.log("Load weight end. elapsed=%.2f s, type=Qwen3_5ForCausalLMMTP, dtype=torch.%s, avail mem=%.2f GB, mem usage=%.2f GB."
-                     % (time.time() - t0, a.model_dtype, after, before - after) if facts.arch.startswith("Qwen3_5") else
-                     "Load weight end. elapsed=%.2f s, type=%sMTP, dtype=torch.%s, avail mem=%.2f GB, mem usage=%.2f GB."
-                     % (time.time() - t0, facts.arch.replace("ForConditionalGeneration", "ForCausalLM"), a.model_dtype, after, before - after))
+            draft_type = "Qwen3_5ForCausalLMMTP" if facts.arch.startswith("Qwen3_5") else facts.arch.replace("ForConditionalGeneration", "ForCausalLM") + "MTP"
+            self.log(_weight_end(time.time() - t0, draft_type, a.model_dtype, after, before - after))
             self.alloc(plan.draft_k_bytes + plan.draft_v_bytes)
         except MemoryError as e:
             self.fail(_frames_runner([
@@ -356,6 +353,15 @@ class Rank(object):
 def _mmss(sec):
     sec = int(sec)
     return "%02d:%02d" % (sec // 60, sec % 60)
+
+
+def _weight_end(elapsed, type_name, dtype, avail, usage):
+    """0.5.10+ model_executor/model_runner.py:1467-1474 (0.5.11): no dtype (a quantized model adds its quant_str, not
+    modelled); 0.5.9 model_runner.py:1040-1047 has dtype=torch.<dtype>."""
+    if _version() >= (0, 5, 10, 0):
+        return "Load weight end. elapsed=%.2f s, type=%s, avail mem=%.2f GB, mem usage=%.2f GB." % (elapsed, type_name, avail, usage)
+    return ("Load weight end. elapsed=%.2f s, type=%s, dtype=torch.%s, avail mem=%.2f GB, mem usage=%.2f GB."
+            % (elapsed, type_name, dtype, avail, usage))
 
 
 def _version():

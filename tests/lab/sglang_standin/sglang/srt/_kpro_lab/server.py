@@ -24,6 +24,28 @@ STARTING, UP, UNHEALTHY = "Starting", "Up", "UnHealthy"
 _PNG_32 = ("iVBORw0KGgoAAAANSUhEUgAAACAAAAAgCAIAAAD8GO2jAAAAKElEQVR4nO3NMQEAAAjDMMC/52ECvlRA01vZJvwHAAAAAAAAAAAAbx2jxAE/i2AjOgAAAABJRU5ErkJggg==")
 
 
+_VERSION = sargs.version_tuple()
+
+
+class SchedulerDied(RuntimeError):
+    """0.5.10+ ``_scheduler_died_error`` (0.5.11 sglang/srt/entrypoints/engine.py:1216-1224), raised out of
+    ``_wait_for_scheduler_ready`` (1227-1256); the text is the source's f-strings with the rank and exit code filled in."""
+
+    def __init__(self, rank, proc, line):
+        proc.join(10)
+        RuntimeError.__init__(self, "Rank %d scheduler died during initialization (exit code: %s). If exit code is -9 (SIGKILL), a common "
+                                    "cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check." % (rank, proc.exitcode))
+        self.frames = [
+            ("sglang/launch_server.py", 69, "<module>", "run_server(server_args)"),
+            ("sglang/launch_server.py", 50, "run_server", "launch_server(server_args)"),
+            ("sglang/srt/entrypoints/http_server.py", 2344, "launch_server", ") = Engine._launch_subprocesses("),
+            ("sglang/srt/entrypoints/engine.py", 762, "_launch_subprocesses", "scheduler_init_result.wait_for_ready()"),
+            ("sglang/srt/entrypoints/engine.py", 619, "wait_for_ready", "infos = _wait_for_scheduler_ready(scheduler_pipe_readers, scheduler_procs)"),
+            ("sglang/srt/entrypoints/engine.py", line, "_wait_for_scheduler_ready", "raise _scheduler_died_error(%s, scheduler_procs[%s])"
+             % (("i", "i") if line == 1243 else ("j", "j"))),
+        ]
+
+
 class Main(object):
     def __init__(self, server_args, facts, drills):
         self.a = server_args
@@ -153,11 +175,19 @@ class Main(object):
         conn_rank = dict((c, r) for r, c in self.conns.items())
         while len(ready) < self.a.tp_size:
             objs = [c for r, c in self.conns.items() if r not in ready]
-            for c in multiprocessing.connection.wait(objs, timeout=1.0):
+            got = multiprocessing.connection.wait(objs, timeout=1.0)
+            if not got:
+                # 0.5.10+ polls and checks every rank for an early death (engine.py:1247-1254)
+                for r in sorted(self.procs):
+                    if _VERSION >= (0, 5, 10, 0) and not self.procs[r].is_alive():
+                        raise SchedulerDied(r, self.procs[r], 1254)
+            for c in got:
                 r = conn_rank[c]
                 try:
                     msg = c.recv()
                 except (EOFError, OSError):
+                    if _VERSION >= (0, 5, 10, 0):
+                        raise SchedulerDied(r, self.procs[r], 1243)
                     self.procs[r].join(2)
                     util.log("Rank %d scheduler is dead. Please check if there are relevant logs." % r, level=40)
                     util.log("Exit code: %s" % self.procs[r].exitcode, level=40)
@@ -185,6 +215,12 @@ class Main(object):
         self.spawn()
         try:
             self.wait_ready()
+        except SchedulerDied as e:
+            # raised out of launch_server; its finally (launch_server.py:69-71) ends the children, then the traceback, exit 1
+            self.kill_process_tree(include_parent=False)
+            sys.stderr.write(util.fake_traceback(e.frames, "RuntimeError: %s" % e))
+            sys.stderr.flush()
+            os._exit(1)
         except EOFError:
             traceback.print_exc()
             self.kill_process_tree(include_parent=False)
@@ -627,7 +663,14 @@ def launch(argv):
     if unknown:
         sys.stderr.write("kpro-lab sglang stand-in: unknown drill(s) %s (known: %s)\n" % (", ".join(unknown), ", ".join(util.KNOWN_DRILLS)))
         sys.exit(70)
-    a, facts = sargs.prepare(argv)
+    try:
+        a, facts = sargs.prepare(argv)
+    except sargs.StartupRefusal as e:
+        # uncaught in the real launch_server.py:66 (before the try at 68): the interpreter prints it, exit 1
+        sys.stdout.flush()
+        sys.stderr.write(util.fake_traceback(e.frames, "ValueError: %s" % e))
+        sys.stderr.flush()
+        sys.exit(1)
     m = Main(a, facts, drills)
     try:
         m.run()
