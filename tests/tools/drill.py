@@ -53,12 +53,11 @@ DRILLS = {
     "hang": ("timeout", {"sglang_server_stall_timeout": 6}),
     # memory held by a process that is not ours: reported with PID and MiB, never killed
     "gpu_memory_held": ("gpu_memory_held", {}),
-    # the seed's configuration (65536 context, 0.85, NEXTN with SGLang's default of 48 requests):
-    # refused by the memory plan before anything is launched, with the numbers and the flag to change
+    # the seed's configuration (65536 context, 0.85, NEXTN with SGLang's default of 48 requests: null drops the role's
+    # max_running_requests): refused by the memory plan before anything is launched, with the numbers and the flag to change
     "seed_nextn": ("kv_cache_oom", {"sglang_server_options": {
-        "model_path": "/srv/models/Qwen3.6-27B", "served_model_name": "qwen3.6-27b", "tp_size": 2, "context_length": 65536,
-        "mem_fraction_static": 0.85, "speculative_algorithm": "NEXTN", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-        "speculative_num_draft_tokens": 4, "host": "0.0.0.0", "port": 30000}}),
+        "context_length": 65536, "mem_fraction_static": 0.85, "max_running_requests": None, "speculative_algorithm": "NEXTN",
+        "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}}),
 }
 # drills that are a configuration, not a behaviour of the stand-in (no drill file)
 NOT_STANDIN = ("gpu_memory_held", "seed_nextn")
