@@ -66,31 +66,48 @@ def _playbook():
     return plays
 
 
-def resolve(tmp_path, ct_vars=None, node_vars=None):
-    """{(role, module): {argument: value}} as the stages would pass them, for an inventory with these variables."""
-    inv = {"all": {"children": {
-        "proxmox_hosts": {"hosts": {"kpro5": dict({"ansible_connection": "local"}, **(node_vars or {}))}},
-        "gpu_containers": {"hosts": {"ct129": dict({"ansible_connection": "local", "pve_node_host": "kpro5", "pve_vmid": 129},
-                                                   **(ct_vars or {}))}},
+# scenario -> the container's inventory variables (each scenario is a container host of its own, on a node of its own,
+# so that one ansible-playbook run resolves them all)
+SCENARIOS = {
+    "defaults": {},
+    "model_dir": {"model_dir": "/data/models/q"},
+    "venv": {"sglang_install_venv": "/opt/other/venv"},
+    "tp": {"sglang_install_tp": 1},
+    "context_length": {"sglang_server_options": {"context_length": 32768}},
+    "port_name": {"sglang_server_options": {"port": 30001, "served_model_name": "q"}},
+    "served_name": {"sglang_server_served_model_name": "r"},
+    "extra": {"sglang_server_options": {"disable_custom_all_reduce": True, "extra": ["--enable-metrics"], "max_running_requests": None}},
+    "vmid": {"pve_vmid": 131},
+}
+
+
+@pytest.fixture(scope="module")
+def resolved(tmp_path_factory):
+    """{scenario: {(role, module): {argument: value}}} as the stages would pass them."""
+    tmp = tmp_path_factory.mktemp("facts")
+    inv = {"all": {"vars": {"ansible_connection": "local"}, "children": {
+        "proxmox_hosts": {"hosts": dict(("node_" + name, {}) for name in SCENARIOS)},
+        "gpu_containers": {"hosts": dict(("ct_" + name, dict({"pve_node_host": "node_" + name, "pve_vmid": 129}, **ct_vars))
+                                         for name, ct_vars in SCENARIOS.items())},
     }}}
-    (tmp_path / "inventory.json").write_text(json.dumps(inv))
-    (tmp_path / "play.json").write_text(json.dumps(_playbook()))
+    (tmp / "inventory.json").write_text(json.dumps(inv))
+    (tmp / "play.json").write_text(json.dumps(_playbook()))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default",
-               ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"))
-    p = subprocess.run([PLAYBOOK, "-i", str(tmp_path / "inventory.json"), str(tmp_path / "play.json")],
+               ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"))
+    p = subprocess.run([PLAYBOOK, "-i", str(tmp / "inventory.json"), str(tmp / "play.json")],
                        cwd=TOP, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
-    out = {}
-    for m in re.finditer(r'"msg": "FACT (\d+) (.*)"$', p.stdout, re.M):
-        _hosts, role, _f, module, _a = STAGES[int(m.group(1))]
-        out[(role, module.rsplit(".", 1)[1])] = json.loads(json.loads('"%s"' % m.group(2)))
-    assert len(out) == len(STAGES), p.stdout[-4000:]
+    out = dict((name, {}) for name in SCENARIOS)
+    for m in re.finditer(r'^ok: \[(?:ct|node)_(\w+)\] => \{\s*"msg": "FACT (\d+) (.*)"$', p.stdout, re.M):
+        _hosts, role, _f, module, _a = STAGES[int(m.group(2))]
+        out[m.group(1)][(role, module.rsplit(".", 1)[1])] = json.loads(json.loads('"%s"' % m.group(3)))
+    assert all(len(got) == len(STAGES) for got in out.values()), p.stdout[-4000:]
     return out
 
 
 @pytest.fixture(scope="module")
-def defaults(tmp_path_factory):
-    return resolve(tmp_path_factory.mktemp("defaults"))
+def defaults(resolved):
+    return resolved["defaults"]
 
 
 def test_defaults_agree(defaults):
@@ -106,9 +123,9 @@ def test_defaults_agree(defaults):
     assert int(defaults[("lxc_gpu", "lxc_gpu_passthrough")]["vmid"]) == 129
 
 
-def test_model_dir_alone_moves_the_download_and_the_server(tmp_path):
+def test_model_dir_alone_moves_the_download_and_the_server(resolved):
     """The bug of issue 13: model_dir alone downloaded to the new place and served from the old one."""
-    got = resolve(tmp_path, {"model_dir": "/data/models/q"})
+    got = resolved["model_dir"]
     serve = got[("sglang_server", "sglang_service")]
     assert got[("model", "hf_model")]["local_dir"] == "/data/models/q"
     assert serve["options"]["model_path"] == "/data/models/q"
@@ -116,41 +133,40 @@ def test_model_dir_alone_moves_the_download_and_the_server(tmp_path):
     assert got[("sglang_server", "sglang_gate")].get("model_dir", "/data/models/q") == "/data/models/q"
 
 
-def test_venv_alone_moves_every_user(tmp_path):
-    got = resolve(tmp_path, {"sglang_install_venv": "/opt/other/venv"})
+def test_venv_alone_moves_every_user(resolved):
+    got = resolved["venv"]
     assert got[("sglang_server", "sglang_service")]["venv"] == "/opt/other/venv"
     assert got[("model", "hf_model")]["python"] == "/opt/other/venv/bin/python"
 
 
-def test_tp_alone_reaches_the_table_and_the_server(tmp_path):
-    got = resolve(tmp_path, {"sglang_install_tp": 1})
+def test_tp_alone_reaches_the_table_and_the_server(resolved):
+    got = resolved["tp"]
     assert got[("sglang_install", "sglang_compat")]["tp"] == got[("preflight", "sglang_compat")]["tp"] == 1
     assert got[("sglang_server", "sglang_service")]["options"]["tp_size"] == 1
     assert int(got[("sglang_server", "sglang_gate")].get("tp_size", 1)) == 1
 
 
-def test_one_server_option_keeps_every_other_default(tmp_path, defaults):
-    got = resolve(tmp_path, {"sglang_server_options": {"context_length": 32768}})
+def test_one_server_option_keeps_every_other_default(resolved, defaults):
+    got = resolved["context_length"]
     options = got[("sglang_server", "sglang_service")]["options"]
     assert options == dict(defaults[("sglang_server", "sglang_service")]["options"], context_length=32768)
 
 
-def test_port_and_name_reach_the_gate(tmp_path):
-    got = resolve(tmp_path, {"sglang_server_options": {"port": 30001, "served_model_name": "q"}})
+def test_port_and_name_reach_the_gate(resolved):
+    got = resolved["port_name"]
     gate = got[("sglang_server", "sglang_gate")]
     assert gate["base_url"] == "http://127.0.0.1:30001" and gate["served_model_name"] == "q"
-    got = resolve(tmp_path, {"sglang_server_served_model_name": "r"})
+    got = resolved["served_name"]
     assert got[("sglang_server", "sglang_service")]["options"]["served_model_name"] == got[("sglang_server", "sglang_gate")]["served_model_name"] == "r"
 
 
-def test_extra_flags_pass_through_and_null_drops_a_default(tmp_path):
-    got = resolve(tmp_path, {"sglang_server_options": {"disable_custom_all_reduce": True, "extra": ["--enable-metrics"],
-                                                       "max_running_requests": None}})
+def test_extra_flags_pass_through_and_null_drops_a_default(resolved):
+    got = resolved["extra"]
     options = got[("sglang_server", "sglang_service")]["options"]
     assert options["disable_custom_all_reduce"] is True and options["extra"] == ["--enable-metrics"]
     assert options["max_running_requests"] is None and options["context_length"] == 65536
 
 
-def test_container_id_from_pve_vmid(tmp_path):
-    got = resolve(tmp_path, {"pve_vmid": 131})
+def test_container_id_from_pve_vmid(resolved):
+    got = resolved["vmid"]
     assert int(got[("lxc_gpu", "lxc_gpu_passthrough")]["vmid"]) == 131
