@@ -54,14 +54,14 @@ DRILLS = {
     "hang": ("timeout", {"sglang_server_stall_timeout": 10}),
     # memory held by a process that is not ours: reported with PID and MiB, never killed
     "gpu_memory_held": ("gpu_memory_held", {}),
-    # the seed's configuration (65536 context, 0.85, NEXTN with the radix cache on): SGLang 0.5.10+ stops while
-    # parsing its arguments ("ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible
-    # with radix cache ...", sglang/srt/server_args.py:2453-2456), so the plan refuses it before anything is
-    # launched, naming --disable-radix-cache (with it, SGLang's default of 48 requests still leaves no KV pool)
+    # the seed's configuration (65536 context, 0.85, NEXTN with the radix cache on; null drops the role's
+    # max_running_requests, so SGLang's default of 48 applies): SGLang 0.5.10+ stops while parsing its arguments
+    # ("ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix cache ...",
+    # sglang/srt/server_args.py:2453-2456), so the plan refuses it before anything is launched, naming
+    # --disable-radix-cache (with it, SGLang's default of 48 requests still leaves no KV pool)
     "seed_nextn": ("init_failed_before_gpu", {"sglang_server_options": {
-        "model_path": "/srv/models/Qwen3.6-27B", "served_model_name": "qwen3.6-27b", "tp_size": 2, "context_length": 65536,
-        "mem_fraction_static": 0.85, "speculative_algorithm": "NEXTN", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-        "speculative_num_draft_tokens": 4, "host": "0.0.0.0", "port": 30000}}),
+        "context_length": 65536, "mem_fraction_static": 0.85, "max_running_requests": None, "speculative_algorithm": "NEXTN",
+        "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}}),
 }
 # drills that are a configuration, not a behaviour of the stand-in (no drill file)
 NOT_STANDIN = ("gpu_memory_held", "seed_nextn")

@@ -1,0 +1,44 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Names (issue 13): each role of the migration playbook can be selected by a tag that is its own name, and the
+README's tag table names every tag the playbook has."""
+
+from __future__ import annotations
+
+import os
+
+import yaml
+
+TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+PLAYBOOK = os.path.join(TOP, "playbooks", "migrate-kpro6-to-kpro5.yml")
+
+
+def _roles_and_tags():
+    with open(PLAYBOOK) as f:
+        plays = yaml.safe_load(f)
+    for play in plays:
+        play_tags = list(play.get("tags", []))
+        for entry in play.get("roles", []):
+            yield entry["role"].rsplit(".", 1)[1], play_tags + list(entry.get("tags", []))
+        for task in play.get("tasks", []):
+            inc = task.get("ansible.builtin.include_role")
+            if inc:
+                yield inc["name"].rsplit(".", 1)[1], play_tags + list(task.get("tags", []))
+
+
+def test_every_role_has_its_name_as_a_tag():
+    seen = set()
+    for role, tags in _roles_and_tags():
+        assert role in tags, "role %s runs with tags %s" % (role, tags)
+        seen.add(role)
+    stages = set(d for d in os.listdir(os.path.join(TOP, "roles")) if os.path.isfile(os.path.join(TOP, "roles", d, "tasks", "main.yml")))
+    assert stages <= seen, "roles not in the playbook: %s" % sorted(stages - seen)
+
+
+def test_readme_names_every_tag():
+    with open(os.path.join(TOP, "README.md")) as f:
+        readme = f.read()
+    tags = set(t for _role, ts in _roles_and_tags() for t in ts) - {"always"}
+    missing = [t for t in sorted(tags) if "`%s`" % t not in readme]
+    assert not missing, "tags the README does not name: %s" % missing
