@@ -36,6 +36,7 @@ import stat
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.pmxcfs import (
     MAX_FILE_SIZE, MODE_INHERIT, FlockLock, atomic_write as pmxcfs_atomic_write)
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
 
 MAX_CONFIG_SIZE = MAX_FILE_SIZE  # pmxcfs MEMDB_MAX_FILE_SIZE
 NVIDIA_MAJOR = 195
@@ -58,8 +59,10 @@ MOUNT_KEY = "lxc.mount.entry"
 DEV_DEFAULTS = {"mode": "0660", "uid": "0", "gid": "0", "deny-write": "0"}
 
 
-class LxcConfigError(Exception):
-    """An error with a message for the operator (cause and fix)."""
+class LxcConfigError(PhasedError):
+    """An error with a message for the operator (cause and fix); phase ct_config_refused unless it names another."""
+
+    PHASE = "ct_config_refused"
 
 
 # --------------------------------------------------------------------------- parsing

@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
+
 PROXMOXER_IMPORT_ERROR = None
 try:
     from proxmoxer import ProxmoxAPI
@@ -75,8 +77,10 @@ def api_argument_spec():
     )
 
 
-class ProxmoxApiError(Exception):
-    """An API failure with a message naming the cause and the fix."""
+class ProxmoxApiError(PhasedError):
+    """An API failure with a message naming the cause and the fix (phase pve_api_error)."""
+
+    PHASE = "pve_api_error"
 
 
 class ProxmoxTaskError(ProxmoxApiError):

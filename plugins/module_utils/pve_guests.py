@@ -33,6 +33,8 @@ import os
 import re
 import time
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
+
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.pmxcfs import (
     MODE_DEFAULT, MODE_PRESERVE, FlockLock, atomic_write as pmxcfs_atomic_write)
 
@@ -45,8 +47,10 @@ _LINE_RE = re.compile(r"[^\n]*\n|[^\n]+")
 PENDING = "PENDING"
 
 
-class GuestError(Exception):
-    pass
+class GuestError(PhasedError):
+    """A guest's state cannot be read or changed (phase host_config_unreadable)."""
+
+    PHASE = "host_config_unreadable"
 
 
 # --------------------------------------------------------------------------- parsing
