@@ -73,18 +73,22 @@ ALL_PHASES = PHASES + tuple(name for name, _meaning in HOST_PHASES)
 
 
 class Failure(Exception):
-    """A known failure. ``phase``: a name from VOCABULARY; ``evidence``: what shows it; ``remedy``: what to do."""
+    """A known failure. ``phase``: a name from VOCABULARY; ``evidence``: what shows it; ``remedy``: what to do.
 
-    def __init__(self, phase, msg, remedy="", evidence=None):
+    ``details``: more return values of the failed module (``rc``, ``refusals``...)."""
+
+    def __init__(self, phase, msg, remedy="", evidence=None, **details):
         if phase not in VOCABULARY:
             raise ValueError("unknown phase %r (add it to failure.py and docs/troubleshooting.md)" % phase)
         super().__init__(msg)
         self.phase, self.msg, self.remedy = phase, msg, remedy
         self.evidence = evidence if evidence is not None else []
+        self.details = details
 
     def result(self):
-        return {"phase": self.phase, "msg": "%s: %s" % (self.phase, self.msg), "evidence": self.evidence,
-                "remedy": self.remedy}
+        out = dict(self.details)
+        out.update(phase=self.phase, msg="%s: %s" % (self.phase, self.msg), evidence=self.evidence, remedy=self.remedy)
+        return out
 
 
 class PhasedError(Failure):
@@ -92,8 +96,8 @@ class PhasedError(Failure):
 
     PHASE = "bad_input"
 
-    def __init__(self, msg, phase=None, remedy="", evidence=None):
-        super().__init__(phase or self.PHASE, msg, remedy, evidence)
+    def __init__(self, msg, phase=None, remedy="", evidence=None, **details):
+        super().__init__(phase or self.PHASE, msg, remedy, evidence, **details)
 
 
 def fail(module, failure, **result):

@@ -36,6 +36,7 @@ import stat
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.pmxcfs import (
     MAX_FILE_SIZE, MODE_INHERIT, FlockLock, atomic_write as pmxcfs_atomic_write)
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import fileio
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
 
 MAX_CONFIG_SIZE = MAX_FILE_SIZE  # pmxcfs MEMDB_MAX_FILE_SIZE
@@ -791,16 +792,7 @@ def write_backup(backup_dir, vmid, data, now=None):
     except OSError as e:
         if e.errno != errno.EEXIST:
             raise LxcConfigError("cannot create the backup directory %s: %s" % (backup_dir, e))
-    base = os.path.join(backup_dir, "%d.conf.%s" % (int(vmid), now.strftime("%Y%m%dT%H%M%S.%fZ")))
-    path = base
-    n = 0
-    while os.path.exists(path):
-        n += 1
-        path = "%s.%d" % (base, n)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return path
+    return fileio.write_new(os.path.join(backup_dir, "%d.conf.%s" % (int(vmid), now.strftime("%Y%m%dT%H%M%S.%fZ"))), data)
 
 
 def is_pve_config_dir(config_dir):

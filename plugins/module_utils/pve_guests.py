@@ -33,6 +33,7 @@ import os
 import re
 import time
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import fileio
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.pmxcfs import (
@@ -350,19 +351,9 @@ def detach_text(text, remove_keys=(), set_onboot_zero=False):
 def backup_file(path, backup_dir, now=None):
     """Copy ``path`` to ``<backup_dir>/<path without leading />.<YYYYmmddTHHMMSS>``; returns the backup path."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(now))
-    dest = os.path.join(backup_dir, os.path.abspath(path).lstrip("/") + "." + stamp)
-    n = 1
-    base = dest
-    while os.path.exists(dest):
-        dest = "%s.%d" % (base, n)
-        n += 1
-    os.makedirs(os.path.dirname(dest), 0o700, exist_ok=True)
     with open(path, "rb") as src:
         data = src.read()
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return dest
+    return fileio.backup(data, os.path.join(backup_dir, os.path.abspath(path).lstrip("/") + "." + stamp))
 
 
 def atomic_write(path, data, preserve_mode=True):
