@@ -583,105 +583,110 @@ def plan_passthrough(conf, devices, method, proc_devices, dev_gid=None, dev_uid=
     """
     plan = Plan()
     plan.devices = devices
-    main = conf.main
-    all_majors = char_majors(proc_devices)
-    nvidia_majors = set([NVIDIA_MAJOR])
-    for name, major in proc_devices.items():
-        if name.startswith("nvidia"):
-            nvidia_majors.add(major)
-    for d in devices:
-        if d.get("major") is not None and is_owned_path(d["path"]):
-            nvidia_majors.add(d["major"])
     plan.majors = dict((n, m) for n, m in proc_devices.items() if n.startswith("nvidia"))
-
-    want_devn = render_devn(devices, dev_gid, dev_uid, dev_mode) if method == "devN" else []
-    want_raw = render_raw(devices) if method == "lxc_raw" else []
-
-    # ---- devN
     if handle_devn and (method == "devN" or remove_other_method):
-        # judge by what the CT gets at its next start: [pve:pending] applied over the main section
-        eff = effective_conf(conf)
-        pending = conf.pending
-        by_path = {}
-        for n, ln, parsed in sorted(owned_dev_lines(eff.main), key=lambda t: t[0]):
-            by_path.setdefault(parsed["path"], []).append((n, ln))
-        used = set()
-        for sec in [main] + ([pending] if pending is not None else []):
-            for ln in sec.lines:
-                m = _DEV_KEY_RE.match(ln.key or "") if ln.kind == "key" else None
-                if m:
-                    used.add(int(m.group(1)))
-        wanted_paths = set(p for p, _value in want_devn)
-        keep = {}
-        stale = []
-        for path in sorted(by_path, key=device_sort_key):
-            entries = by_path[path]
-            if path in wanted_paths:
-                keep[path] = entries[0]
-                stale.extend(entries[1:])
-            else:
-                stale.extend(entries)
-        stale.sort(key=lambda t: t[0])
-        for path, value in want_devn:
-            if path in keep:
-                n, ln = keep[path]
-                if not dev_equivalent(ln.value, value):
-                    plan.devn_set["dev%d" % n] = value
-            elif stale:
-                # a stale owned entry (a GPU no longer passed) is updated in place
-                n, ln = stale.pop(0)
-                plan.devn_set["dev%d" % n] = value
-            else:
-                n = 0
-                while n in used:
-                    n += 1
-                if n >= MAX_DEVICES:
-                    raise LxcConfigError("no free devN index (PVE allows dev0..dev%d)" % (MAX_DEVICES - 1))
-                used.add(n)
-                plan.devn_set["dev%d" % n] = value
-        plan.devn_delete = ["dev%d" % n for n, _line in stale]
-        pending_keys = set()
-        if pending is not None:
-            pending_keys = set(ln.key for ln in pending.lines if ln.kind == "key")
-        for key in plan.devn_delete:
-            conf.delete_key(key)
-            if key in pending_keys:
-                conf.delete_key(key, pending)
-                plan.warnings.append("removed %s from [pve:pending] (a pending NVIDIA device no longer wanted)" % key)
-        for key in sorted(plan.devn_set, key=lambda k: int(k[3:])):
-            if key in pending_keys:
-                conf.set_key(key, plan.devn_set[key], pending)
-                plan.warnings.append("updated %s in [pve:pending] (it would override the main section at the next start)" % key)
-            else:
-                conf.set_key(key, plan.devn_set[key])
-
-    # ---- raw lxc lines
+        want_devn = render_devn(devices, dev_gid, dev_uid, dev_mode) if method == "devN" else []
+        _plan_devn(conf, want_devn, plan)
+        _apply_devn(conf, plan)
     if handle_raw and (method == "lxc_raw" or remove_other_method):
         before = conf.render()
-        owned_allow = owned_allow_lines(main, nvidia_majors, all_majors)
-        owned_mount = owned_mount_lines(main)
-        for key, owned_lines in ((ALLOW_KEY, owned_allow), (MOUNT_KEY, owned_mount)):
-            wanted = [v for k, v in want_raw if k == key]
-            missing = list(wanted)
-            unmatched = []
-            for ln in owned_lines:
-                nv = _norm(ln.value)
-                if nv in missing:
-                    missing.remove(nv)
-                else:
-                    unmatched.append(ln)
-            # a stale line (old uvm major, removed GPU) is updated in place when a line of its kind is missing
-            while unmatched and missing:
-                conf.replace_line(unmatched.pop(0), key, missing.pop(0))
-            conf.remove_lines(unmatched)
-            for v in missing:
-                conf.add_lxc(key, v)
+        want_raw = render_raw(devices) if method == "lxc_raw" else []
+        _plan_raw(conf, want_raw, _nvidia_majors(proc_devices, devices), char_majors(proc_devices))
         plan.raw_changed = conf.render() != before
     for d in devices:
         if d["path"].startswith("/dev/nvidia-uvm") and method == "lxc_raw" and "nvidia-uvm" not in proc_devices:
             plan.warnings.append("nvidia-uvm is not in /proc/devices; the allow line uses the major given for %s" % d["path"])
             break
     return plan
+
+
+def _nvidia_majors(proc_devices, devices):
+    majors = set([NVIDIA_MAJOR])
+    majors.update(m for n, m in proc_devices.items() if n.startswith("nvidia"))
+    majors.update(d["major"] for d in devices if d.get("major") is not None and is_owned_path(d["path"]))
+    return majors
+
+
+def _devn_in_use(conf):
+    """({path: [(n, line)]} of the owned devN entries the CT gets at its next start, the devN indices in use)."""
+    by_path = {}
+    for n, ln, parsed in sorted(owned_dev_lines(effective_conf(conf).main), key=lambda t: t[0]):
+        by_path.setdefault(parsed["path"], []).append((n, ln))
+    used = set()
+    for sec in [conf.main] + ([conf.pending] if conf.pending is not None else []):
+        for ln in sec.lines:
+            m = _DEV_KEY_RE.match(ln.key or "") if ln.kind == "key" else None
+            if m:
+                used.add(int(m.group(1)))
+    return by_path, used
+
+
+def _plan_devn(conf, want_devn, plan):
+    """Fill plan.devn_set/devn_delete: keep an entry per wanted path, reuse stale ones in place, else a free index."""
+    by_path, used = _devn_in_use(conf)
+    wanted_paths = set(p for p, _value in want_devn)
+    keep, stale = {}, []
+    for path in sorted(by_path, key=device_sort_key):
+        entries = by_path[path]
+        if path in wanted_paths:
+            keep[path] = entries[0]
+            stale.extend(entries[1:])
+        else:
+            stale.extend(entries)
+    stale.sort(key=lambda t: t[0])
+    for path, value in want_devn:
+        if path in keep:
+            n, ln = keep[path]
+            if not dev_equivalent(ln.value, value):
+                plan.devn_set["dev%d" % n] = value
+        elif stale:  # a stale owned entry (a GPU no longer passed) is updated in place
+            n, ln = stale.pop(0)
+            plan.devn_set["dev%d" % n] = value
+        else:
+            n = 0
+            while n in used:
+                n += 1
+            if n >= MAX_DEVICES:
+                raise LxcConfigError("no free devN index (PVE allows dev0..dev%d)" % (MAX_DEVICES - 1))
+            used.add(n)
+            plan.devn_set["dev%d" % n] = value
+    plan.devn_delete = ["dev%d" % n for n, _line in stale]
+
+
+def _apply_devn(conf, plan):
+    """Make the planned devN edits in ``conf``; a key also in [pve:pending] is edited there too (with a warning)."""
+    pending = conf.pending
+    pending_keys = set(ln.key for ln in pending.lines if ln.kind == "key") if pending is not None else set()
+    for key in plan.devn_delete:
+        conf.delete_key(key)
+        if key in pending_keys:
+            conf.delete_key(key, pending)
+            plan.warnings.append("removed %s from [pve:pending] (a pending NVIDIA device no longer wanted)" % key)
+    for key in sorted(plan.devn_set, key=lambda k: int(k[3:])):
+        if key in pending_keys:
+            conf.set_key(key, plan.devn_set[key], pending)
+            plan.warnings.append("updated %s in [pve:pending] (it would override the main section at the next start)" % key)
+        else:
+            conf.set_key(key, plan.devn_set[key])
+
+
+def _plan_raw(conf, want_raw, nvidia_majors, all_majors):
+    """Make the owned raw lxc lines of the main section exactly ``want_raw``; stale lines are updated in place."""
+    owned = ((ALLOW_KEY, owned_allow_lines(conf.main, nvidia_majors, all_majors)), (MOUNT_KEY, owned_mount_lines(conf.main)))
+    for key, owned_lines in owned:
+        missing = [v for k, v in want_raw if k == key]
+        unmatched = []
+        for ln in owned_lines:
+            nv = _norm(ln.value)
+            if nv in missing:
+                missing.remove(nv)
+            else:
+                unmatched.append(ln)
+        while unmatched and missing:
+            conf.replace_line(unmatched.pop(0), key, missing.pop(0))
+        conf.remove_lines(unmatched)
+        for v in missing:
+            conf.add_lxc(key, v)
 
 
 def effective_conf(conf):
