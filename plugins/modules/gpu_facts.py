@@ -266,6 +266,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvml as nvml_utils
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
 
 
 def main():
@@ -285,7 +286,7 @@ def main():
         try:
             ids = ["%s:%s" % pci.parse_id(i) for i in ids]
         except ValueError as e:
-            module.fail_json(msg="vendor_device_ids: %s" % e)
+            fail(module, Failure("bad_input", "vendor_device_ids: %s" % e, remedy="Give PCI vendor:device ids such as 10de:2230."))
 
     devices = pci.list_devices(p["sysfs_root"])
     gpus = pci.select_gpus(devices, ids=ids, include_group=p["include_iommu_group"])

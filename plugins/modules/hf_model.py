@@ -353,11 +353,9 @@ def main():
         token = hf.read_token_file(p["token_file"]) if p["token_file"] and not p["job"] else (p["token"] or None)
     except Failure as f:
         failure_fail(module, f, path=p["local_dir"])
-    bad = hf.check_local_dir(p["local_dir"])
+    bad = hf.check_local_dir(p["local_dir"]) or ("max_workers must be at least 1" if p["max_workers"] < 1 else None)
     if bad:
-        module.fail_json(msg=bad, phase="model_input", path=p["local_dir"])
-    if p["max_workers"] < 1:
-        module.fail_json(msg="max_workers must be at least 1", phase="model_input", path=p["local_dir"])
+        failure_fail(module, Failure("model_input", bad), path=p["local_dir"])
     local_dir = os.path.normpath(p["local_dir"])
     progress_file = p["progress_file"] or os.path.join(local_dir, hf.PROGRESS_FILE)
     lock = None
@@ -384,12 +382,12 @@ def _run(module, p, token, local_dir, progress_file):
     pinned = hf.is_commit(revision)
     verify = p["verify"] or p["verify_full"]
 
-    def fail(msg, **kw):
+    def fail(msg, phase="model_unavailable", **kw):
         kw.setdefault("resolved_revision", result.get("resolved_revision"))
         kw.setdefault("path", local_dir)
         if kw.get("exception") is None:
             kw.pop("exception", None)
-        module.fail_json(msg=hf.scrub(msg, token), **dict((k, v) for k, v in kw.items() if not k.startswith("_")))
+        raise Failure(phase, hf.scrub(msg, token), **dict((k, v) for k, v in kw.items() if not k.startswith("_")))
 
     result = {"changed": False, "pinned": pinned, "path": local_dir, "resolved_revision": revision if pinned else None,
               "bytes_downloaded": 0, "downloaded": [], "resumed": [], "offline": False, "progress_file": progress_file,
@@ -401,7 +399,7 @@ def _run(module, p, token, local_dir, progress_file):
     if entries is None:
         if not hf.HAS_HF:
             fail(missing_required_lib("huggingface_hub") + " (the target's python must have it: point "
-                 "ansible_python_interpreter at the SGLang venv's python)", exception=str(hf.HF_IMPORT_ERROR))
+                 "ansible_python_interpreter at the SGLang venv's python)", phase="library_missing", exception=str(hf.HF_IMPORT_ERROR))
         error = None
         try:
             client = hf.HubClient(endpoint, token=token, timeout=p["timeout"])
@@ -415,7 +413,7 @@ def _run(module, p, token, local_dir, progress_file):
         entries = hf.select_entries(entries, p["allow_patterns"], p["ignore_patterns"])
         if not entries:
             fail("no file of %s@%s matches allow_patterns %s / ignore_patterns %s" % (
-                repo_id, commit, p["allow_patterns"], p["ignore_patterns"]), resolved_revision=commit)
+                repo_id, commit, p["allow_patterns"], p["ignore_patterns"]), phase="model_input", resolved_revision=commit)
         result["_mismatch"] = []
         statuses = _check_local(local_dir, entries, markers, verify, result, full=p["verify_full"])
     result["resolved_revision"] = commit
@@ -448,7 +446,7 @@ def _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, mar
         result["free_bytes"] = free
         msg = hf.preflight(pl["bytes_needed"], free, p["min_free_bytes_margin"])
         if msg:
-            fail(msg, needed_bytes=pl["bytes_needed"], free_bytes=free, margin_bytes=p["min_free_bytes_margin"],
+            fail(msg, phase="model_no_space", needed_bytes=pl["bytes_needed"], free_bytes=free, margin_bytes=p["min_free_bytes_margin"],
                  files=pl["files"], bytes_total=pl["bytes_total"], downloaded=[])
         _access_check(client, repo_id, commit, pl["todo"][0], fail)
         result["changed"] = True
@@ -518,7 +516,7 @@ def _download(module, client, repo_id, commit, local_dir, pl, statuses, markers,
     if errors:
         progress.finish("failed")
         fail("%d of %d files failed to download; the bytes already received are kept and a re-run resumes them: %s" % (
-            len(errors), len(todo), "; ".join(errors[k] for k in sorted(errors))),
+            len(errors), len(todo), "; ".join(errors[k] for k in sorted(errors))), phase="download_failed",
             errors=errors, bytes_downloaded=snap["bytes_downloaded"], bytes_total=pl["bytes_total"],
             files=pl["files"], downloaded=sorted(set(result["downloaded"]) - set(errors)))
     progress.finish("done")
