@@ -102,12 +102,12 @@ def pct_set(module, vmid, devn_set, devn_delete):
     rc, out, err = module.run_command(cmd)
     if rc != 0:
         text = (err or out).strip()
-        hint = ""
+        hint, phase = "", "ct_config_refused"
         if "does not exist" in text and "/dev/" in text:
-            hint = " Create the node on the host first (nvidia-modprobe; see kpro.gpu_serving.nvidia_driver)."
+            hint, phase = " Create the node on the host first (nvidia-modprobe; see kpro.gpu_serving.nvidia_driver).", "device_missing"
         elif "locked" in text:
-            hint = " The CT is locked by another operation; wait for it, or `pct unlock %s` if the lock is stale." % vmid
-        raise lc.LxcConfigError("`%s` failed (rc=%d): %s.%s" % (" ".join(cmd), rc, text, hint))
+            hint, phase = " The CT is locked by another operation; wait for it, or `pct unlock %s` if the lock is stale." % vmid, "ct_locked"
+        raise lc.LxcConfigError("`%s` failed (rc=%d): %s.%s" % (" ".join(cmd), rc, text, hint), phase=phase, evidence=[text])
 
 
 def check_inputs(p):

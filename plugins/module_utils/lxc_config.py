@@ -371,9 +371,9 @@ def stat_device(path, dev_root="/"):
         st = os.stat(hp)
     except OSError:
         raise LxcConfigError("Device %s does not exist%s. %s" % (
-            path, "" if dev_root in ("", "/") else " (looked at %s)" % hp, node_fix(path)))
+            path, "" if dev_root in ("", "/") else " (looked at %s)" % hp, node_fix(path)), phase="device_missing")
     if not stat.S_ISCHR(st.st_mode):
-        raise LxcConfigError("%s is not a character device (looked at %s). %s" % (path, hp, node_fix(path)))
+        raise LxcConfigError("%s is not a character device (looked at %s). %s" % (path, hp, node_fix(path)), phase="device_missing")
     return {"path": path, "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev)}
 
 
@@ -407,7 +407,7 @@ def discover_devices(dev_root="/", gpus="all"):
     found = sorted((_gpu_index(n), n) for n in names if _gpu_index(n) is not None)
     if gpus in (None, "all", ["all"]):
         if not found:
-            raise LxcConfigError("no GPU device node /dev/nvidia<N> on this host. %s" % node_fix("/dev/nvidia0"))
+            raise LxcConfigError("no GPU device node /dev/nvidia<N> on this host. %s" % node_fix("/dev/nvidia0"), phase="device_missing")
         selected = [n for _idx, n in found]
     else:
         have = dict(found)
@@ -416,7 +416,8 @@ def discover_devices(dev_root="/", gpus="all"):
             idx = int(idx)
             if idx not in have:
                 raise LxcConfigError("GPU %d was requested (gpus) but /dev/nvidia%d does not exist (present: %s). %s" % (
-                    idx, idx, ", ".join("/dev/" + n for _idx, n in found) or "none", node_fix("/dev/nvidia%d" % idx)))
+                    idx, idx, ", ".join("/dev/" + n for _idx, n in found) or "none", node_fix("/dev/nvidia%d" % idx)),
+                    phase="device_missing")
             selected.append(have[idx])
     paths = ["/dev/" + n for n in selected] + ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
     devices = [stat_device(p, dev_root) for p in paths]
@@ -544,7 +545,7 @@ def render_raw(devices):
     for d in ordered:
         if d.get("major") is None:
             raise LxcConfigError("the major of %s is unknown: is the module loaded (see /proc/devices)? %s" % (
-                d["path"], node_fix(d["path"])))
+                d["path"], node_fix(d["path"])), phase="device_missing")
         if d["major"] not in majors:
             majors.append(d["major"])
     lines = [(ALLOW_KEY, "c %d:* rwm" % m) for m in majors]
