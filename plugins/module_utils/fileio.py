@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import stat
+import tempfile
 
 # atomic_write ``mode`` values
 MODE_INHERIT = "inherit"    # create the new file with the old file's permission bits; no chmod/chown
@@ -25,12 +26,15 @@ class FileError(Exception):
     """The default error type of atomic_write's size cap (callers usually pass their own)."""
 
 
-def read_text(path, strip=False):
-    """The text of ``path`` (undecodable bytes kept as surrogates), or None when it cannot be read."""
+def read_text(path, strip=False, must_exist=False):
+    """The text of ``path`` (undecodable bytes kept as surrogates), or None when it cannot be read
+    (``must_exist``: raise the OSError instead)."""
     try:
         with open(path, "rb") as f:
             text = f.read().decode("utf-8", "surrogateescape")
     except (IOError, OSError):
+        if must_exist:
+            raise
         return None
     return text.strip() if strip else text
 
@@ -71,13 +75,15 @@ def tmp_path(path):
     return "%s.tmp.%d" % (path, os.getpid())
 
 
-def atomic_write(path, data, max_size=None, mode=MODE_PRESERVE, default_mode=0o644, error=FileError):
+def atomic_write(path, data, max_size=None, mode=MODE_PRESERVE, default_mode=0o644, error=FileError, unique_tmp=False):
     """Replace ``path`` with ``data`` (bytes) through ``<path>.tmp.<pid>`` (``O_EXCL``) + fsync + rename.
 
     ``max_size``: refuse (raise ``error``, nothing written) data longer than this many bytes; None for
     no cap (pmxcfs.atomic_write passes its 1 MiB). ``mode``: :data:`MODE_PRESERVE` (the default: chmod/chown
     the new file to the old one's; never under /etc/pve), :data:`MODE_INHERIT` (safe under pmxcfs) or
     :data:`MODE_DEFAULT`.
+    ``unique_tmp``: a ``.tmp-XXXX`` name of its own (tempfile.mkstemp) instead of PVE's ``<path>.tmp.<pid>``, for
+    threads of one process writing the same file (never under /etc/pve: it chmods the temporary file).
     On any failure the temporary file is removed and ``path`` is left as it was; I/O errors are
     raised as they are (OSError).
     """
@@ -93,12 +99,7 @@ def atomic_write(path, data, max_size=None, mode=MODE_PRESERVE, default_mode=0o6
             if e.errno != errno.ENOENT:
                 raise
     create_mode = stat.S_IMODE(old.st_mode) if (old is not None and mode == MODE_INHERIT) else default_mode
-    tmp = tmp_path(path)
-    try:
-        os.unlink(tmp)  # left over by an earlier process that had our pid
-    except OSError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, create_mode)
+    fd, tmp = _open_tmp(path, create_mode, unique_tmp)
     try:
         try:
             view = memoryview(data)
@@ -121,6 +122,19 @@ def atomic_write(path, data, max_size=None, mode=MODE_PRESERVE, default_mode=0o6
         except OSError:
             pass
         raise
+
+
+def _open_tmp(path, create_mode, unique):
+    if unique:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path) or ".")
+        os.fchmod(fd, create_mode)
+        return fd, tmp
+    tmp = tmp_path(path)
+    try:
+        os.unlink(tmp)  # left over by an earlier process that had our pid
+    except OSError:
+        pass
+    return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, create_mode), tmp
 
 
 def _size_text(n):

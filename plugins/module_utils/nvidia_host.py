@@ -15,7 +15,7 @@ from ansible.module_utils.urls import fetch_url
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import VOCABULARY, Failure
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import read_text
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, read_text
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts, read_proc_driver_version
 
 
@@ -174,10 +174,7 @@ class Driver(object):
         if self.m.check_mode:
             return
         if write:
-            tmp = path + ".tmp.%d" % os.getpid()
-            with open(tmp, "w") as f:
-                f.write(content)
-            os.rename(tmp, path)
+            atomic_write(path, content.encode("utf-8"), mode=MODE_DEFAULT, default_mode=0o644)
             self.run([self.systemctl(), "daemon-reload"])
         if not enabled:
             self.run([self.systemctl(), "enable", name])
