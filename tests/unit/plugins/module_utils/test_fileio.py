@@ -38,7 +38,7 @@ def test_backup_takes_the_next_free_name_0600_in_a_0700_dir(tmp_path):
     assert fileio.backup(b"2", dest) == dest + ".1"
     assert open(dest + ".1", "rb").read() == b"2"
     assert stat.S_IMODE(os.stat(dest).st_mode) == 0o600
-    assert stat.S_IMODE(os.stat(str(tmp_path / "bk")).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(str(tmp_path / "bk" / "etc")).st_mode) == 0o700
 
 
 def test_atomic_write_preserves_mode_by_default_and_pmxcfs_keeps_its_rules(tmp_path):
