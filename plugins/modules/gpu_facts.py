@@ -38,14 +38,6 @@ options:
     description: Query NVML (pynvml, else C(nvidia-smi)). With V(false) only sysfs is read.
     type: bool
     default: true
-  sysfs_root:
-    description: Root of sysfs (tests).
-    type: path
-    default: /sys
-  proc_root:
-    description: Root of procfs (tests).
-    type: path
-    default: /proc
 extends_documentation_fragment: []
 requirements:
   - nvidia-ml-py (module C(pynvml)) on the target for NVML; without it C(nvidia-smi) is used.

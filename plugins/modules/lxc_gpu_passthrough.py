@@ -76,7 +76,7 @@ options:
     description:
       - Explicit device list; replaces discovery. Each item is a path under C(/dev/) or a dict with C(path) and,
         optionally, C(major)/C(minor) (then the node is not looked at, for rendering configs off the host).
-      - "A path is C(stat)ed under O(dev_root) when O(require_nodes) is true. When it is false, a path that is not
+      - "A path is C(stat)ed on this host when O(require_nodes) is true. When it is false, a path that is not
         there takes its major from its name: 195 for C(nvidia<N>), C(nvidiactl), C(nvidia-modeset), and
         C(/proc/devices) for C(nvidia-uvm*) and C(nvidia-caps/*)."
       - "Without O(devices): C(/dev/nvidia<N>) (filtered by O(gpus)), C(/dev/nvidiactl), C(/dev/nvidia-uvm),
@@ -85,18 +85,10 @@ options:
     elements: raw
   require_nodes:
     description:
-      - Fail unless every path in O(devices) is a character device under O(dev_root).
-      - Default true when O(config_dir) is in C(/etc/pve) or O(dev_root) is not C(/), false otherwise
+      - Fail unless every path in O(devices) is a character device on this host.
+      - Default true when O(config_dir) is in C(/etc/pve) (or the tests' device root is set), false otherwise
         (plain files, nodes from another host).
     type: bool
-  dev_root:
-    description: Root under which C(/dev) is read (tests, or a chroot).
-    type: path
-    default: /
-  proc_root:
-    description: Root under which C(/proc/devices) is read.
-    type: path
-    default: /
   dev_mode:
     description:
       - C(mode=) of the C(devN) entries. C(0666) lets non-root processes in the container open the nodes
@@ -163,63 +155,8 @@ options:
     description: Seconds the container gets to shut down cleanly before PVE stops it.
     type: int
     default: 60
-  api_backend:
-    description: How to reach the PVE API. C(https) through proxmoxer; C(ssh_paramiko) and C(local) run C(pvesh) as root@pam on the node.
-    type: str
-    choices: [https, ssh_paramiko, local]
-    default: https
-  api_host:
-    description: The PVE node's address (C(https), C(ssh_paramiko)).
-    type: str
-  api_port:
-    description: HTTPS port of pveproxy.
-    type: int
-    default: 8006
-  api_user:
-    description: PVE user, for example C(root@pam).
-    type: str
-    default: root@pam
-  api_token_id:
-    description:
-      - API token name (C(ansible)) or full ID (C(root@pam!ansible)). An API token cannot change C(devN) keys
-        (PVE allows that to root@pam only); use it with O(writer=pct)/O(writer=file), or O(method=lxc_raw).
-    type: str
-  api_token_secret:
-    description: The API token's secret.
-    type: str
-  api_password:
-    description: Password of O(api_user) (HTTPS ticket), or of O(ssh_user) for C(ssh_paramiko).
-    type: str
-  validate_certs:
-    description: Verify the HTTPS certificate.
-    type: bool
-    default: true
-  ca_path:
-    description: CA bundle to verify the node's certificate with (for example a copy of C(/etc/pve/pve-root-ca.pem)).
-    type: path
-  api_timeout:
-    description: Timeout in seconds of each API request or C(pvesh) call (proxmoxer's own default, 5 s, is too short).
-    type: int
-    default: 30
-  ssh_user:
-    description: SSH user for O(api_backend=ssh_paramiko).
-    type: str
-    default: root
-  ssh_port:
-    description: SSH port for O(api_backend=ssh_paramiko).
-    type: int
-    default: 22
-  ssh_private_key_file:
-    description: Private key for O(api_backend=ssh_paramiko).
-    type: path
-  ssh_known_hosts:
-    description: known_hosts file checked for O(api_backend=ssh_paramiko). Defaults to C(~/.ssh/known_hosts).
-    type: path
-  ssh_host_key_checking:
-    description: Refuse unknown SSH host keys (proxmoxer alone would accept any).
-    type: bool
-    default: true
-extends_documentation_fragment: []
+extends_documentation_fragment:
+  - kpro.gpu_serving.proxmox_api
 attributes:
   check_mode:
     support: full

@@ -94,10 +94,6 @@ options:
   module_signing_cert:
     description: Public certificate matching O(module_signing_key) (enrolled as a MOK).
     type: path
-  proc_root:
-    description: Root of procfs (tests).
-    type: path
-    default: /proc
   efivars_dir:
     description: EFI variables directory, read for the Secure Boot state.
     type: path

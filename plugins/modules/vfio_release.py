@@ -90,7 +90,7 @@ options:
   boot_refresh_cmd:
     description:
       - Command (argv) that applies a kernel command line change to the boot entries.
-      - Default C(proxmox-boot-tool refresh) when C(<etc_root>/kernel/proxmox-boot-uuids) exists, else C(update-grub).
+      - Default C(proxmox-boot-tool refresh) when C(/etc/kernel/proxmox-boot-uuids) exists, else C(update-grub).
     type: list
     elements: str
   drop_framebuffer_tokens:
@@ -110,7 +110,7 @@ options:
       - Keep nouveau off the GPUs, which the NVIDIA driver needs. A host that does not blacklist nouveau has it loaded
         from boot (udev loads it for the GPU's alias even while vfio-pci holds the GPU), and the probe after the
         release would hand the GPUs to it.
-      - Adds C(<etc_root>/modprobe.d/kpro-gpu-serving-nouveau.conf) (C(blacklist nouveau), C(options nouveau modeset=0),
+      - Adds C(/etc/modprobe.d/kpro-gpu-serving-nouveau.conf) (C(blacklist nouveau), C(options nouveau modeset=0),
         what nvidia-installer writes) when no modprobe.d file blacklists nouveau, and regenerates the initramfs.
       - At runtime unbinds selected functions from nouveau, unloads nouveau (C(modprobe -r nouveau)) when no other
         device uses it, and does not probe a display function that nouveau could still take.
@@ -128,26 +128,6 @@ options:
     description: Where backups of changed files go (a tree mirroring their paths, with a timestamp suffix).
     type: path
     default: /var/backups/kpro-gpu-serving
-  sysfs_root:
-    description: Root of sysfs (tests use a fake tree).
-    type: path
-    default: /sys
-  etc_root:
-    description: The directory used as C(/etc), including C(pve/qemu-server) and C(pve/mapping).
-    type: path
-    default: /etc
-  proc_root:
-    description: Root of procfs (C(cmdline), VM processes).
-    type: path
-    default: /proc
-  run_root:
-    description: The directory used as C(/run) (VM pidfiles, PCI reservations, locks).
-    type: path
-    default: /run
-  dev_root:
-    description: The directory used as C(/dev) (C(/dev/vfio/<group>) holders).
-    type: path
-    default: /dev
 attributes:
   check_mode:
     support: full
