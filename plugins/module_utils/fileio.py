@@ -141,3 +141,23 @@ def _size_text(n):
     if n % (1024 * 1024) == 0:
         return "%d MiB" % (n // (1024 * 1024))
     return "%d bytes" % n
+
+
+# --------------------------------------------------------------------------- test roots
+# Modules read the host under roots (``sysfs_root``, ``etc_root``...) that unit and lab tests point at fake trees.
+# They are not part of the documented interface: the argument spec takes them untyped and without a default
+# (so validate-modules only sees an undocumented option, ignored with its reason in tests/sanity/ignore-*.txt),
+# and the module fills in the real root when none is given.
+
+
+def root_options(roots):
+    """Argument-spec entries for the test roots ``{name: real root}``."""
+    return dict((name, dict()) for name in roots)
+
+
+def fill_roots(params, roots):
+    """Put the real root where a test root was not given; returns ``params``."""
+    for name, default in roots.items():
+        if not params.get(name):
+            params[name] = default
+    return params

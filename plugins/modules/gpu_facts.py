@@ -259,6 +259,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvml as nvml_utils
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import fill_roots, root_options
+
+ROOTS = dict(sysfs_root="/sys", proc_root="/proc")  # test-only roots, not documented
 
 
 def main():
@@ -267,12 +270,11 @@ def main():
             vendor_device_ids=dict(type="list", elements="str"),
             include_iommu_group=dict(type="bool", default=True),
             nvml=dict(type="bool", default=True),
-            sysfs_root=dict(type="path", default="/sys"),
-            proc_root=dict(type="path", default="/proc"),
+            **root_options(ROOTS)
         ),
         supports_check_mode=True,
     )
-    p = module.params
+    p = fill_roots(module.params, ROOTS)
     ids = p["vendor_device_ids"] or None
     if ids:
         try:

@@ -302,6 +302,9 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils import ct_passthr
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config as lc
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import fill_roots, root_options
+
+ROOTS = dict(dev_root="/", proc_root="/")  # test-only roots (or a chroot), not documented
 
 
 def argument_spec():
@@ -312,8 +315,6 @@ def argument_spec():
         gpus=dict(type="list", elements="str", default=["all"]),
         devices=dict(type="list", elements="raw"),
         require_nodes=dict(type="bool"),
-        dev_root=dict(type="path", default="/"),
-        proc_root=dict(type="path", default="/"),
         dev_mode=dict(type="str", default="0666"),
         dev_uid=dict(type="int"),
         dev_gid=dict(type="int"),
@@ -330,12 +331,13 @@ def argument_spec():
         shutdown_timeout=dict(type="int", default=60),
     )
     spec.update(pa.api_argument_spec())
+    spec.update(root_options(ROOTS))
     return spec
 
 
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    p = module.params
+    p = fill_roots(module.params, ROOTS)
     warnings = []
     result = dict(changed=False, method=p["method"], restarted=False, started=False, restart_required=False,
                   devn_set={}, devn_delete=[])

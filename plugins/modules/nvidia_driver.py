@@ -169,7 +169,10 @@ failure:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import fill_roots, root_options
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvidia_host import Driver
+
+ROOTS = dict(proc_root="/proc")  # a test-only root, not documented
 
 
 def main():
@@ -191,13 +194,14 @@ def main():
             expected_gpu_name=dict(type="str"),
             module_signing_key=dict(type="path", no_log=False),
             module_signing_cert=dict(type="path"),
-            proc_root=dict(type="path", default="/proc"),
             efivars_dir=dict(type="path", default="/sys/firmware/efi/efivars"),
             systemd_dir=dict(type="path", default="/etc/systemd/system"),
             timeout=dict(type="int", default=1800),
+            **root_options(ROOTS)
         ),
         supports_check_mode=True,
     )
+    fill_roots(module.params, ROOTS)
     driver = Driver(module)
     try:
         if module.params["state"] == "fetched":

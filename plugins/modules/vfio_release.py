@@ -286,6 +286,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_guests
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_host as vh
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import fill_roots, root_options
 
 ARGUMENT_SPEC = dict(
     ids=dict(type="list", elements="str"),
@@ -303,12 +304,9 @@ ARGUMENT_SPEC = dict(
     disable_nouveau=dict(type="bool", default=True),
     vfio_modules=dict(type="str", default="auto", choices=["auto", "keep", "remove"]),
     backup_dir=dict(type="path", default="/var/backups/kpro-gpu-serving"),
-    sysfs_root=dict(type="path", default="/sys"),
-    etc_root=dict(type="path", default="/etc"),
-    proc_root=dict(type="path", default="/proc"),
-    run_root=dict(type="path", default="/run"),
-    dev_root=dict(type="path", default="/dev"),
 )
+ROOTS = dict(sysfs_root="/sys", etc_root="/etc", proc_root="/proc", run_root="/run", dev_root="/dev")  # test-only
+ARGUMENT_SPEC.update(root_options(ROOTS))
 
 
 def check_guests(module, p, selected, by_bdf, result):
@@ -358,6 +356,7 @@ def release(module, p, result, warnings):
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    fill_roots(module.params, ROOTS)
     warnings = []
     result = vh.empty_result(module.params["sysfs_root"])
     try:
