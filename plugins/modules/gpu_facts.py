@@ -79,22 +79,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-phase:
-  description:
-    - On failure, the name of the failure from the collection's vocabulary (docs/troubleshooting.md), one of
-      C(bad_input).
-  returned: failure
-  type: str
-  sample: bad_input
-evidence:
-  description: On failure, what shows it (refusals, command output, file names).
-  returned: failure
-  type: list
-  elements: str
-remedy:
-  description: On failure, what to do (also appended to RV(msg) after C(Remedy:)).
-  returned: failure
-  type: str
+extends_documentation_fragment:
+  - kpro.gpu_serving.failure
 pci_devices:
   description: Every PCI function of the machine, sorted by address.
   returned: always

@@ -187,22 +187,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-phase:
-  description:
-    - On failure, the name of the failure from the collection's vocabulary (docs/troubleshooting.md), one of
-      C(model_no_space), C(model_input), C(model_token), C(model_locked), C(model_unavailable), C(library_missing), C(download_failed), C(download_died).
-  returned: failure
-  type: str
-  sample: model_no_space
-evidence:
-  description: On failure, what shows it (refusals, command output, file names).
-  returned: failure
-  type: list
-  elements: str
-remedy:
-  description: On failure, what to do (also appended to RV(msg) after C(Remedy:)).
-  returned: failure
-  type: str
+extends_documentation_fragment:
+  - kpro.gpu_serving.failure
 resolved_revision:
   description: The commit sha the files come from.
   returned: always

@@ -208,22 +208,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-phase:
-  description:
-    - On failure, the name of the failure from the collection's vocabulary (docs/troubleshooting.md), one of
-      C(ct_config_refused), C(ct_locked), C(device_missing), C(bad_input), C(pve_api_error).
-  returned: failure
-  type: str
-  sample: ct_config_refused
-evidence:
-  description: On failure, what shows it (refusals, command output, file names).
-  returned: failure
-  type: list
-  elements: str
-remedy:
-  description: On failure, what to do (also appended to RV(msg) after C(Remedy:)).
-  returned: failure
-  type: str
+extends_documentation_fragment:
+  - kpro.gpu_serving.failure
 config_file:
   description: The config file.
   returned: always

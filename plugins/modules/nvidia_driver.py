@@ -114,7 +114,7 @@ attributes:
     support: none
     description: Unit files are replaced whole; no diff is returned.
 notes:
-  - Named failures (RV(phase), also in RV(failure)) are C(bad_version), C(bad_checksum), C(installer_missing), C(installer_version),
+  - Named failures (C(phase), also in RV(failure)) are C(bad_version), C(bad_checksum), C(installer_missing), C(installer_version),
     C(secure_boot_unsigned_module), C(headers_unavailable), C(installer_failed), C(checksum_mismatch),
     C(driver_not_loaded), C(version_mismatch), C(gpu_mismatch).
 """
@@ -135,22 +135,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-phase:
-  description:
-    - On failure, the name of the failure from the collection's vocabulary (docs/troubleshooting.md), one of
-      C(version_mismatch), C(bad_version), C(bad_checksum), C(checksum_mismatch), C(installer_missing), C(installer_version), C(installer_failed), C(headers_unavailable), C(secure_boot_unsigned_module), C(driver_not_loaded), C(nvml_unavailable), C(gpu_mismatch).
-  returned: failure
-  type: str
-  sample: version_mismatch
-evidence:
-  description: On failure, what shows it (refusals, command output, file names).
-  returned: failure
-  type: list
-  elements: str
-remedy:
-  description: On failure, what to do (also appended to RV(msg) after C(Remedy:)).
-  returned: failure
-  type: str
+extends_documentation_fragment:
+  - kpro.gpu_serving.failure
 action:
   description: What was (or in check mode would be) done.
   returned: always
@@ -176,8 +162,8 @@ nvml:
   returned: always
   type: dict
 failure:
-  description: The failure's old name, kept for playbooks that read it; the same as RV(phase) except for an NVML reason
-    (RV(phase) C(nvml_unavailable), this field the reason).
+  description: The failure's old name, kept for playbooks that read it; the same as C(phase) except for an NVML reason
+    (C(phase) C(nvml_unavailable), this field the reason).
   returned: failure
   type: str
   sample: version_mismatch

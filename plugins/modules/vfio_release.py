@@ -166,22 +166,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-phase:
-  description:
-    - On failure, the name of the failure from the collection's vocabulary (docs/troubleshooting.md), one of
-      C(gpu_in_use), C(bad_input), C(host_config_unreadable), C(host_write_failed), C(boot_refresh_failed).
-  returned: failure
-  type: str
-  sample: gpu_in_use
-evidence:
-  description: On failure, what shows it (refusals, command output, file names).
-  returned: failure
-  type: list
-  elements: str
-remedy:
-  description: On failure, what to do (also appended to RV(msg) after C(Remedy:)).
-  returned: failure
-  type: str
+extends_documentation_fragment:
+  - kpro.gpu_serving.failure
 selected:
   description: The functions released (or that would be), with their driver before the run.
   returned: always
