@@ -38,6 +38,14 @@ options:
     description: Query NVML (pynvml, else C(nvidia-smi)). With V(false) only sysfs is read.
     type: bool
     default: true
+  sysfs_root:
+    description: Internal, for tests only (do not set) - the root of sysfs.
+    type: path
+    default: /sys
+  proc_root:
+    description: Internal, for tests only (do not set) - the root of procfs.
+    type: path
+    default: /proc
 extends_documentation_fragment: []
 requirements:
   - nvidia-ml-py (module C(pynvml)) on the target for NVML; without it C(nvidia-smi) is used.
@@ -261,9 +269,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvml as nvml_utils
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import fill_roots, root_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
 
-ROOTS = dict(sysfs_root="/sys", proc_root="/proc")  # test-only roots, not documented
+ROOTS = dict(sysfs_root="/sys", proc_root="/proc")  # test-only roots, documented as internal
 
 
 def main():
@@ -276,7 +284,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    p = fill_roots(module.params, ROOTS)
+    p = module.params
     ids = p["vendor_device_ids"] or None
     if ids:
         try:

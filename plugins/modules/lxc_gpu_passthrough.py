@@ -89,6 +89,14 @@ options:
       - Default true when O(config_dir) is in C(/etc/pve) (or the tests' device root is set), false otherwise
         (plain files, nodes from another host).
     type: bool
+  dev_root:
+    description: Internal, for tests only (do not set) - the root under which C(/dev) is read (tests, or a chroot).
+    type: path
+    default: /
+  proc_root:
+    description: Internal, for tests only (do not set) - the root under which C(/proc/devices) is read.
+    type: path
+    default: /
   dev_mode:
     description:
       - C(mode=) of the C(devN) entries. C(0666) lets non-root processes in the container open the nodes
@@ -304,9 +312,9 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils import ct_passthr
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config as lc
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import fill_roots, root_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
 
-ROOTS = dict(dev_root="/", proc_root="/")  # test-only roots (or a chroot), not documented
+ROOTS = dict(dev_root="/", proc_root="/")  # test-only roots (or a chroot), documented as internal
 
 
 def argument_spec():
@@ -339,7 +347,7 @@ def argument_spec():
 
 def main():
     module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    p = fill_roots(module.params, ROOTS)
+    p = module.params
     warnings = []
     result = dict(changed=False, method=p["method"], restarted=False, started=False, restart_required=False,
                   devn_set={}, devn_delete=[])

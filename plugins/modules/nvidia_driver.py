@@ -94,6 +94,10 @@ options:
   module_signing_cert:
     description: Public certificate matching O(module_signing_key) (enrolled as a MOK).
     type: path
+  proc_root:
+    description: Internal, for tests only (do not set) - the root of procfs.
+    type: path
+    default: /proc
   efivars_dir:
     description: EFI variables directory, read for the Secure Boot state.
     type: path
@@ -172,10 +176,10 @@ failure:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import fill_roots, root_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvidia_host import Driver
 
-ROOTS = dict(proc_root="/proc")  # a test-only root, not documented
+ROOTS = dict(proc_root="/proc")  # a test-only root, documented as internal
 
 
 def main():
@@ -204,7 +208,6 @@ def main():
         ),
         supports_check_mode=True,
     )
-    fill_roots(module.params, ROOTS)
     driver = Driver(module)
     try:
         if module.params["state"] == "fetched":

@@ -128,6 +128,26 @@ options:
     description: Where backups of changed files go (a tree mirroring their paths, with a timestamp suffix).
     type: path
     default: /var/backups/kpro-gpu-serving
+  sysfs_root:
+    description: Internal, for tests only (do not set) - the root of sysfs.
+    type: path
+    default: /sys
+  etc_root:
+    description: Internal, for tests only (do not set) - the directory used as C(/etc).
+    type: path
+    default: /etc
+  proc_root:
+    description: Internal, for tests only (do not set) - the root of procfs.
+    type: path
+    default: /proc
+  run_root:
+    description: Internal, for tests only (do not set) - the directory used as C(/run).
+    type: path
+    default: /run
+  dev_root:
+    description: Internal, for tests only (do not set) - the directory used as C(/dev).
+    type: path
+    default: /dev
 attributes:
   check_mode:
     support: full
@@ -288,7 +308,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_guests
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_host as vh
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import fill_roots, root_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
 
 ARGUMENT_SPEC = dict(
     ids=dict(type="list", elements="str"),
@@ -307,7 +327,7 @@ ARGUMENT_SPEC = dict(
     vfio_modules=dict(type="str", default="auto", choices=["auto", "keep", "remove"]),
     backup_dir=dict(type="path", default="/var/backups/kpro-gpu-serving"),
 )
-ROOTS = dict(sysfs_root="/sys", etc_root="/etc", proc_root="/proc", run_root="/run", dev_root="/dev")  # test-only
+ROOTS = dict(sysfs_root="/sys", etc_root="/etc", proc_root="/proc", run_root="/run", dev_root="/dev")  # test-only roots, documented as internal
 ARGUMENT_SPEC.update(root_options(ROOTS))
 
 
@@ -358,7 +378,6 @@ def release(module, p, result, warnings):
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    fill_roots(module.params, ROOTS)
     warnings = []
     result = vh.empty_result(module.params["sysfs_root"])
     try:
