@@ -73,7 +73,7 @@ def api_check(module, p, vmid, writer):
     # proxmoxer (and requests/paramiko) must be importable here; the message names the apt packages
     problem = pa.proxmoxer_problem(p["api_backend"], token=bool(p.get("api_token_id")))
     if problem:
-        raise pa.ProxmoxApiError(problem)
+        raise pa.ProxmoxApiError(problem, phase="library_missing")
     return True
 
 

@@ -165,7 +165,7 @@ def connect(params, api_factory=None, cli_runner=None):
     if api_factory is None and cli_runner is None:
         problem = proxmoxer_problem(backend, token=bool(params.get("api_token_id")))
         if problem:
-            raise ProxmoxApiError(problem)
+            raise ProxmoxApiError(problem, phase="library_missing")
     try:
         if backend != "local" and not host:
             raise ProxmoxApiError("api_host is required for api_backend=%s (the node's address)" % backend)

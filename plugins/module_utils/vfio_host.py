@@ -218,9 +218,8 @@ def diffs(detach, changed_files):
 # --------------------------------------------------------------------------- apply
 
 
-def apply_detach(p, detach, is_running):
-    """Detach the stopped VMs under their config locks, after a backup; returns RV(detached)."""
-    out = []
+def apply_detach(p, detach, is_running, out):
+    """Detach the stopped VMs under their config locks, after a backup; each one done is added to ``out``."""
     set_onboot_zero = p["detach_stopped_vms"] in ("onboot", "both")
     for vm, _before, _after, remove_keys, _changes in detach:
         with pve_guests.ConfigLock(vm["vmid"], os.path.join(p["run_root"], "lock", "qemu-server")):
@@ -231,7 +230,6 @@ def apply_detach(p, detach, is_running):
             backup = pve_guests.backup_file(vm["path"], p["backup_dir"])
             pve_guests.atomic_write(vm["path"], new.encode("utf-8", "surrogateescape"), preserve_mode=False)
         out.append({"vmid": vm["vmid"], "path": vm["path"], "changes": changes, "backup": backup})
-    return out
 
 
 def write_marker(backup_dir, kinds):
@@ -244,23 +242,21 @@ def write_marker(backup_dir, kinds):
         os.unlink(marker)
 
 
-def apply_files(changed_files, backup_dir):
-    """Write the changed boot files after a backup; returns RV(files)."""
-    out = []
+def apply_files(changed_files, backup_dir, out):
+    """Write the changed boot files after a backup; each one written is added to ``out``."""
     for f in changed_files:
         backup = pve_guests.backup_file(f["path"], backup_dir) if os.path.exists(f["path"]) else None
         pve_guests.atomic_write(f["path"], f["after"].encode("utf-8", "surrogateescape"), preserve_mode=True)
         out.append({"path": f["path"], "kind": f["kind"], "backup": backup, "changes": f["changes"]})
-    return out
 
 
 def apply_writes(p, detach, changed_files, cmds, pending, is_running, result):
     """VM configs, the pending marker (before the files, so a failed regeneration is retried), the boot files."""
     try:
-        result["detached"] = apply_detach(p, detach, is_running)
+        apply_detach(p, detach, is_running, result["detached"])
         if cmds:
             write_marker(p["backup_dir"], set(k for k, _c in cmds) | pending)
-        result["files"] = apply_files(changed_files, p["backup_dir"])
+        apply_files(changed_files, p["backup_dir"], result["files"])
     except (IOError, OSError, pve_guests.GuestError) as e:
         raise Failure("host_write_failed", "writing failed: %s" % e)
 

@@ -452,7 +452,7 @@ def test_locked_container_with_a_change_still_fails(env):
 # ------------------------------------------------------------------ the failure contract (failure.py)
 
 
-@pytest.mark.parametrize("phase", ["bad_input", "device_missing", "ct_locked", "ct_config_refused", "pve_api_error"])
+@pytest.mark.parametrize("phase", ["bad_input", "device_missing", "ct_locked", "ct_config_refused", "pve_api_error", "library_missing"])
 def test_each_known_failure_names_its_phase(env, monkeypatch, phase):
     a = args(env)
     if phase == "bad_input":
@@ -464,9 +464,13 @@ def test_each_known_failure_names_its_phase(env, monkeypatch, phase):
         a = args(env, dev_mode="0660")
     elif phase == "ct_config_refused":
         a = args(env, vmid=999)  # no such CT
-    else:  # restart=true through the API, and proxmoxer is not installed here
+    else:  # restart=true through the API: proxmoxer is missing, or the API refuses the credentials
         from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
-        monkeypatch.setattr(pa, "HAS_PROXMOXER", False)
+        monkeypatch.setattr(pa, "HAS_PROXMOXER", phase != "library_missing")
+
+        def denied(*a, **k):
+            raise pa.ProxmoxApiError("401 Unauthorized: authentication failure")
+        monkeypatch.setattr(pa, "connect", denied)
         a = args(env, restart=True, api_host="10.213.5.2", api_token_id="ansible", api_token_secret="x")
     h = digest(env)
     r = failed(a)
