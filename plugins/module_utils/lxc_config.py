@@ -37,8 +37,7 @@ import stat
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.pmxcfs import (
     MAX_FILE_SIZE, MODE_INHERIT, FlockLock, atomic_write as pmxcfs_atomic_write)
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import fileio
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.pve_config import (  # noqa: F401 (the CT names of the parser)
-    ConfigFile, Line, Section, classify, split_lines)
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.pve_config import ConfigFile, Line, Section  # the CT parser
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
 
 MAX_CONFIG_SIZE = MAX_FILE_SIZE  # pmxcfs MEMDB_MAX_FILE_SIZE
@@ -60,10 +59,6 @@ class LxcConfigError(PhasedError):
     """An error with a message for the operator (cause and fix); phase ct_config_refused unless it names another."""
 
     PHASE = "ct_config_refused"
-
-
-# --------------------------------------------------------------------------- parsing
-
 
 
 # --------------------------------------------------------------------------- devN property strings

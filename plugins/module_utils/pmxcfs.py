@@ -32,8 +32,8 @@ import os
 import time
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import fileio
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import (  # noqa: F401 (re-exported)
-    MODE_DEFAULT, MODE_INHERIT, MODE_PRESERVE, MODES, tmp_path)
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import (  # noqa: F401 pylint: disable=unused-import
+    MODE_DEFAULT, MODE_INHERIT, MODE_PRESERVE, MODES, tmp_path)  # re-exported: callers name them pmxcfs.MODE_*
 
 MAX_FILE_SIZE = 1024 * 1024  # pmxcfs MEMDB_MAX_FILE_SIZE
 DEFAULT_FILE_MODE = 0o640

@@ -24,7 +24,7 @@ import time
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
 # The diagnosis vocabulary (DESIGN.md) lives in failure.py, with the host's phases.
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PHASES, TERMINAL_PHASES
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PHASES, TERMINAL_PHASES  # noqa: F401 pylint: disable=unused-import
 
 LAUNCH_HEADER = "# kpro-launch-id:"
 _LAUNCH_HEADER_RE = re.compile(r"^#\s*kpro-launch-id:\s*(\S+)\s*$")

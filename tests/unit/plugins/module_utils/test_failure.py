@@ -97,7 +97,7 @@ def test_every_phase_has_a_test_that_produces_it():
 
 def test_unknown_phase_is_a_programming_error():
     with pytest.raises(ValueError):
-        failure.Failure("no_such_phase", "x")
+        raise failure.Failure("no_such_phase", "x")
 
 
 def test_fail_gives_phase_msg_evidence_remedy_and_details():
