@@ -26,6 +26,8 @@ import glob
 import os
 import re
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import read_text
+
 VFIO_ID_PARAMS = ("vfio-pci.ids", "vfio_pci.ids")
 
 # Passthrough guides add these so that the host's framebuffer lets go of the GPU. Harmless for a
@@ -469,9 +471,7 @@ def candidate_files(etc_root="/etc"):
 
 
 def _read_text(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    return data.decode("utf-8", "surrogateescape")
+    return read_text(path, must_exist=True)
 
 
 def remaining_vfio_ids(kind, text):

@@ -3,24 +3,102 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The collection's failure contract: a known failure is a ``phase`` with ``msg``, ``evidence`` and ``remedy``.
 
-A module raises ``Failure`` from its module_utils and catches it once, in ``main``, with ``fail``:
-the operator then reads what went wrong, what shows it, and what to do, never a Python traceback.
+This file is the one place of the phase vocabulary (docs/troubleshooting.md lists every phase, and a unit test
+keeps the two in step). A module raises ``Failure`` (or an error type derived from it) from its module_utils and
+catches it once, in ``main``, with ``fail``: the operator then reads what went wrong, what shows it, and what to
+do, never a Python traceback nor Ansible's "An exception occurred during task execution".
 """
 
 from __future__ import annotations
 
+# What a launch of the SGLang server came to (sglang_log's diagnosis, the gate, the service), in the order the
+# diagnosis reports them. ``PHASES`` keeps its old name: sglang_log imports it from here.
+SERVE_PHASES = (
+    ("ready", "the server answered and its smoke test passed"),
+    ("loading", "the server is still loading (not a failure while the gate waits)"),
+    ("not_started", "the server did not start, or its settings were refused before it started"),
+    ("init_failed_before_gpu", "the server failed before it touched a GPU (arguments, imports, configuration)"),
+    ("weights_oom", "the model weights do not fit in GPU memory"),
+    ("kv_cache_oom", "the weights fit but too little memory is left for the KV cache"),
+    ("nccl_error", "the GPUs could not talk to each other (NCCL)"),
+    ("cuda_graph_failed", "capturing CUDA graphs failed"),
+    ("port_in_use", "the server's port is taken by another process"),
+    ("warmup_failed", "the server came up but its first request failed"),
+    ("degenerate_output", "the server answers with degenerate text"),
+    ("gpu_memory_held", "GPU memory is held by another process, or was not released by the old server"),
+    ("version_mismatch", "the NVIDIA userspace does not match the host's kernel module"),
+    ("known_bad_version", "the SGLang version is refused by the compatibility table"),
+    ("timeout", "the server did not become ready in time"),
+)
+
+# What the host stages (driver, vfio release, container passthrough, packages, model download) fail on.
+HOST_PHASES = (
+    ("bad_input", "an option's value is invalid (the message names the option)"),
+    ("bad_version", "a version string is not valid (driver version, SGLang version)"),
+    ("bad_checksum", "installer_checksum is not a sha256 checksum"),
+    ("checksum_mismatch", "the installer's sha256 differs from installer_checksum, or no checksum was given for a download"),
+    ("installer_missing", "the NVIDIA installer is neither on the host nor downloadable"),
+    ("installer_version", "the installer is of another driver version than the one requested"),
+    ("installer_failed", "the download, the NVIDIA installer or the DKMS build failed"),
+    ("headers_unavailable", "the kernel headers for the running kernel cannot be installed"),
+    ("secure_boot_unsigned_module", "Secure Boot is on and the NVIDIA module would not be signed"),
+    ("driver_not_loaded", "the NVIDIA kernel module is not loaded, or its service does not start"),
+    ("nvml_unavailable", "NVML cannot be used for another reason (permissions, no devices, library missing)"),
+    ("gpu_mismatch", "NVML sees other GPUs (count or name) than expected"),
+    ("gpu_in_use", "a VM or another vfio user holds the GPUs; nothing was changed"),
+    ("host_config_unreadable", "a host configuration file or a guest's status cannot be read"),
+    ("host_write_failed", "writing a host configuration file failed"),
+    ("boot_refresh_failed", "update-initramfs or the boot-loader refresh failed (the files are changed; re-run)"),
+    ("ct_config_refused", "the container's passthrough cannot be applied as asked (the message says why)"),
+    ("ct_locked", "the container is locked by a backup, snapshot or another task; nothing was written"),
+    ("device_missing", "a device node to pass does not exist, or its kernel module is not loaded"),
+    ("pve_api_error", "the Proxmox VE API refused or failed (connection, credentials, task)"),
+    ("packages_unavailable", "a required Debian package cannot be installed from the configured repositories"),
+    ("apt_failed", "apt-get failed"),
+    ("library_missing", "a Python library the module needs is not installed in the target's Python"),
+    ("model_input", "a model download option is invalid, or its patterns select no file"),
+    ("model_token", "the Hugging Face token file cannot be read"),
+    ("model_locked", "another download into the same directory is still running"),
+    ("model_unavailable", "the model repository, revision or files cannot be found or read on the hub"),
+    ("model_no_space", "the disk has too little free space for the model"),
+    ("download_failed", "some model files failed to download (a re-run resumes them)"),
+    ("download_died", "the background download ended without a result"),
+)
+
+PHASES = tuple(name for name, _meaning in SERVE_PHASES)
+# Phases after which nothing more will happen for this launch.
+TERMINAL_PHASES = frozenset(p for p in PHASES if p not in ("loading",))
+# The whole vocabulary: phase -> its one-line meaning.
+VOCABULARY = dict(SERVE_PHASES + HOST_PHASES)
+ALL_PHASES = PHASES + tuple(name for name, _meaning in HOST_PHASES)
+
 
 class Failure(Exception):
-    """A known failure. ``phase``: a short name from docs/troubleshooting.md; ``evidence``: what shows it."""
+    """A known failure. ``phase``: a name from VOCABULARY; ``evidence``: what shows it; ``remedy``: what to do.
 
-    def __init__(self, phase, msg, remedy="", evidence=None):
+    ``details``: more return values of the failed module (``rc``, ``refusals``...)."""
+
+    def __init__(self, phase, msg, remedy="", evidence=None, **details):
+        # a phase outside VOCABULARY is not refused here (that would be a traceback): test_failure.py finds every
+        # phase named in plugins/ and requires it in VOCABULARY and docs/troubleshooting.md
         super().__init__(msg)
         self.phase, self.msg, self.remedy = phase, msg, remedy
         self.evidence = evidence if evidence is not None else []
+        self.details = details
 
     def result(self):
-        return {"phase": self.phase, "msg": "%s: %s" % (self.phase, self.msg), "evidence": self.evidence,
-                "remedy": self.remedy}
+        out = dict(self.details)
+        out.update(phase=self.phase, msg="%s: %s" % (self.phase, self.msg), evidence=self.evidence, remedy=self.remedy)
+        return out
+
+
+class PhasedError(Failure):
+    """Base of the module_utils error types that carry a message first (``raise XError(msg)``) and a default phase."""
+
+    PHASE = "bad_input"
+
+    def __init__(self, msg, phase=None, remedy="", evidence=None, **details):
+        super().__init__(phase or self.PHASE, msg, remedy, evidence, **details)
 
 
 def fail(module, failure, **result):

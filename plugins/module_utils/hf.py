@@ -31,11 +31,11 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, load_json
 
 try:
     from urllib.parse import urlsplit
@@ -146,28 +146,13 @@ def tree_cache_path(local_dir, repo_id, commit):
     return state_path(local_dir, "trees", "%s--%s.json" % (repo_id.replace("/", "--"), commit))
 
 
-def load_json(path, default=None):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return default
-
-
 def save_json(path, data):
-    """Atomic write (temp file + rename in the same directory)."""
+    """Atomic write (temp file + rename in the same directory), 0600."""
     d = os.path.dirname(path)
     if not os.path.isdir(d):
         os.makedirs(d)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except Exception:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"), mode=MODE_DEFAULT, default_mode=0o600,
+                 unique_tmp=True)
 
 
 def load_tree_cache(local_dir, repo_id, commit):

@@ -36,6 +36,9 @@ import stat
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.pmxcfs import (
     MAX_FILE_SIZE, MODE_INHERIT, FlockLock, atomic_write as pmxcfs_atomic_write)
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import fileio
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.pve_config import ConfigFile, Line, Section  # the CT parser
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
 
 MAX_CONFIG_SIZE = MAX_FILE_SIZE  # pmxcfs MEMDB_MAX_FILE_SIZE
 NVIDIA_MAJOR = 195
@@ -43,12 +46,6 @@ PVE_CONFIG_DIR = "/etc/pve/lxc"
 DEFAULT_LOCK_DIR = "/run/lock/lxc"
 DEFAULT_BACKUP_DIR = "/var/backups/kpro-gpu-serving/lxc"
 
-_PENDING_RE = re.compile(r"^\[pve:pending\]\s*$", re.I)
-_SNAP_RE = re.compile(r"^\[([a-z][a-z0-9_\-]+)\]\s*$", re.I)
-_LXC_RE = re.compile(r"^(lxc\.[a-z0-9_\-\.]+)(:|\s*=)\s*(.*?)\s*$")
-_DESCR_RE = re.compile(r"^(description):\s*(.*\S)\s*$")
-_DELETE_RE = re.compile(r"^delete:\s*(.*\S)\s*$")
-_KEY_RE = re.compile(r"^([a-z][a-z_]*\d*):\s*(.+?)\s*$")
 _DEV_KEY_RE = re.compile(r"^dev(\d+)$")
 _ALLOW_RE = re.compile(r"^([abc])\s+(\d+|\*):(\d+|\*)\s+([rwm]+)$")
 MAX_DEVICES = 256
@@ -58,219 +55,10 @@ MOUNT_KEY = "lxc.mount.entry"
 DEV_DEFAULTS = {"mode": "0660", "uid": "0", "gid": "0", "deny-write": "0"}
 
 
-class LxcConfigError(Exception):
-    """An error with a message for the operator (cause and fix)."""
+class LxcConfigError(PhasedError):
+    """An error with a message for the operator (cause and fix); phase ct_config_refused unless it names another."""
 
-
-# --------------------------------------------------------------------------- parsing
-
-
-class Line(object):
-    """One line of the file. ``raw`` holds its exact text, newline included."""
-
-    __slots__ = ("raw", "kind", "key", "value")
-
-    def __init__(self, raw, kind, key=None, value=None):
-        self.raw = raw
-        self.kind = kind  # blank, comment, header, lxc, description, delete, key, unknown
-        self.key = key
-        self.value = value
-
-    def __repr__(self):
-        return "Line(%r)" % self.raw
-
-
-def classify(raw):
-    text = raw[:-1] if raw.endswith("\n") else raw
-    if re.match(r"^\s*$", text):
-        return Line(raw, "blank")
-    if _PENDING_RE.match(text) or _SNAP_RE.match(text):
-        return Line(raw, "header")
-    if text.startswith("#"):
-        return Line(raw, "comment", value=text[1:])
-    m = _LXC_RE.match(text)
-    if m:
-        return Line(raw, "lxc", m.group(1), m.group(3))
-    m = _DESCR_RE.match(text)
-    if m:
-        return Line(raw, "description", "description", m.group(2))
-    m = _DELETE_RE.match(text)
-    if m:
-        return Line(raw, "delete", "delete", m.group(1))
-    m = _KEY_RE.match(text)
-    if m:
-        return Line(raw, "key", m.group(1), m.group(2))
-    return Line(raw, "unknown")
-
-
-def split_lines(raw):
-    """Split keeping line ends; PVE splits on ``\\n`` only."""
-    if not raw:
-        return []
-    parts = raw.split("\n")
-    out = [p + "\n" for p in parts[:-1]]
-    if parts[-1]:
-        out.append(parts[-1])
-    return out
-
-
-class Section(object):
-    def __init__(self, name, kind, lines):
-        self.name = name  # '' for main, 'pve:pending', or the snapshot name
-        self.kind = kind  # main, pending, snapshot
-        self.lines = lines  # the header line, if any, is lines[0]
-
-    def keys(self):
-        return [ln for ln in self.lines if ln.kind == "key"]
-
-    def get(self, key):
-        """The value PVE would read (the last occurrence wins), or None."""
-        value = None
-        for ln in self.lines:
-            if ln.kind in ("key", "delete", "description") and ln.key == key:
-                value = ln.value
-        return value
-
-    def lxc(self, key=None):
-        return [ln for ln in self.lines if ln.kind == "lxc" and (key is None or ln.key == key)]
-
-
-class ConfigFile(object):
-    """A parsed CT config that renders back to the exact input bytes."""
-
-    def __init__(self, sections):
-        self.sections = sections
-
-    @classmethod
-    def parse(cls, raw):
-        if isinstance(raw, bytes):
-            raw = raw.decode("utf-8", "surrogateescape")
-        sections = [Section("", "main", [])]
-        for piece in split_lines(raw):
-            ln = classify(piece)
-            if ln.kind == "header":
-                text = piece.strip()
-                if _PENDING_RE.match(text):
-                    sections.append(Section("pve:pending", "pending", [ln]))
-                else:
-                    sections.append(Section(_SNAP_RE.match(text).group(1), "snapshot", [ln]))
-                continue
-            sections[-1].lines.append(ln)
-        return cls(sections)
-
-    def render(self):
-        return "".join(ln.raw for s in self.sections for ln in s.lines)
-
-    def to_bytes(self):
-        return self.render().encode("utf-8", "surrogateescape")
-
-    @property
-    def main(self):
-        return self.sections[0]
-
-    @property
-    def pending(self):
-        for s in self.sections:
-            if s.kind == "pending":
-                return s
-        return None
-
-    @property
-    def snapshots(self):
-        return [s for s in self.sections if s.kind == "snapshot"]
-
-    def unknown_lines(self):
-        return [ln.raw.rstrip("\n") for s in self.sections for ln in s.lines if ln.kind == "unknown"]
-
-    # ----------------------------------------------------------------- editing
-
-    def _ensure_newline_before(self, section, index):
-        """Make sure the line before ``index`` ends with a newline (a file without a final newline)."""
-        if index > 0:
-            prev = section.lines[index - 1]
-            if not prev.raw.endswith("\n"):
-                prev.raw += "\n"
-
-    def _insert(self, section, index, line):
-        self._ensure_newline_before(section, index)
-        if index < len(section.lines) and not line.raw.endswith("\n"):
-            line.raw += "\n"
-        section.lines.insert(index, line)
-
-    def set_key(self, key, value, section=None):
-        """Set a normal key (``key: value``) in a section (main by default). Returns True if bytes changed."""
-        section = section or self.main
-        if key.startswith("lxc."):
-            raise ValueError("use add_lxc/replace_line for lxc.* keys")
-        existing = [i for i, ln in enumerate(section.lines) if ln.kind == "key" and ln.key == key]
-        new_raw = "%s: %s\n" % (key, value)
-        if existing:
-            changed = False
-            last = existing[-1]
-            ln = section.lines[last]
-            if ln.value != value:
-                keep_nl = ln.raw.endswith("\n")
-                ln.raw = new_raw if keep_nl else new_raw[:-1]
-                ln.value = value
-                changed = True
-            for i in reversed(existing[:-1]):
-                del section.lines[i]
-                changed = True
-            return changed
-        self._insert(section, self._key_insert_index(section, key), Line(new_raw, "key", key, value))
-        return True
-
-    def delete_key(self, key, section=None):
-        section = section or self.main
-        before = len(section.lines)
-        section.lines = [ln for ln in section.lines if not (ln.kind == "key" and ln.key == key)]
-        return len(section.lines) != before
-
-    @staticmethod
-    def _key_insert_index(section, key):
-        """Where PVE's sorted writer would put ``key``: before the first greater key, else after the last key."""
-        last_content = 1 if section.kind != "main" else 0
-        for i, ln in enumerate(section.lines):
-            if ln.kind in ("key", "delete", "description"):
-                if ln.key > key:
-                    return i
-                last_content = i + 1
-            elif ln.kind == "comment" and last_content <= i:
-                last_content = i + 1
-            elif ln.kind == "lxc":
-                return i if last_content <= i else last_content
-        return last_content
-
-    @staticmethod
-    def _lxc_insert_index(section, key):
-        """After the last line with the same lxc key, else after the last lxc line, else after the last key."""
-        same = [i for i, ln in enumerate(section.lines) if ln.kind == "lxc" and ln.key == key]
-        if same:
-            return same[-1] + 1
-        anylxc = [i for i, ln in enumerate(section.lines) if ln.kind == "lxc"]
-        if anylxc:
-            return anylxc[-1] + 1
-        content = [i for i, ln in enumerate(section.lines) if ln.kind not in ("blank", "header")]
-        if content:
-            return content[-1] + 1
-        return 1 if section.kind != "main" else 0
-
-    def add_lxc(self, key, value, section=None):
-        section = section or self.main
-        raw = "%s: %s\n" % (key, value)
-        self._insert(section, self._lxc_insert_index(section, key), Line(raw, "lxc", key, value))
-
-    @staticmethod
-    def replace_line(line, key, value):
-        keep_nl = line.raw.endswith("\n")
-        line.raw = "%s: %s%s" % (key, value, "\n" if keep_nl else "")
-        line.key = key
-        line.value = value
-
-    def remove_lines(self, lines, section=None):
-        section = section or self.main
-        ids = set(id(ln) for ln in lines)
-        section.lines = [ln for ln in section.lines if id(ln) not in ids]
+    PHASE = "ct_config_refused"
 
 
 # --------------------------------------------------------------------------- devN property strings
@@ -367,9 +155,9 @@ def stat_device(path, dev_root="/"):
         st = os.stat(hp)
     except OSError:
         raise LxcConfigError("Device %s does not exist%s. %s" % (
-            path, "" if dev_root in ("", "/") else " (looked at %s)" % hp, node_fix(path)))
+            path, "" if dev_root in ("", "/") else " (looked at %s)" % hp, node_fix(path)), phase="device_missing")
     if not stat.S_ISCHR(st.st_mode):
-        raise LxcConfigError("%s is not a character device (looked at %s). %s" % (path, hp, node_fix(path)))
+        raise LxcConfigError("%s is not a character device (looked at %s). %s" % (path, hp, node_fix(path)), phase="device_missing")
     return {"path": path, "major": os.major(st.st_rdev), "minor": os.minor(st.st_rdev)}
 
 
@@ -403,7 +191,7 @@ def discover_devices(dev_root="/", gpus="all"):
     found = sorted((_gpu_index(n), n) for n in names if _gpu_index(n) is not None)
     if gpus in (None, "all", ["all"]):
         if not found:
-            raise LxcConfigError("no GPU device node /dev/nvidia<N> on this host. %s" % node_fix("/dev/nvidia0"))
+            raise LxcConfigError("no GPU device node /dev/nvidia<N> on this host. %s" % node_fix("/dev/nvidia0"), phase="device_missing")
         selected = [n for _idx, n in found]
     else:
         have = dict(found)
@@ -412,7 +200,8 @@ def discover_devices(dev_root="/", gpus="all"):
             idx = int(idx)
             if idx not in have:
                 raise LxcConfigError("GPU %d was requested (gpus) but /dev/nvidia%d does not exist (present: %s). %s" % (
-                    idx, idx, ", ".join("/dev/" + n for _idx, n in found) or "none", node_fix("/dev/nvidia%d" % idx)))
+                    idx, idx, ", ".join("/dev/" + n for _idx, n in found) or "none", node_fix("/dev/nvidia%d" % idx)),
+                    phase="device_missing")
             selected.append(have[idx])
     paths = ["/dev/" + n for n in selected] + ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
     devices = [stat_device(p, dev_root) for p in paths]
@@ -540,7 +329,7 @@ def render_raw(devices):
     for d in ordered:
         if d.get("major") is None:
             raise LxcConfigError("the major of %s is unknown: is the module loaded (see /proc/devices)? %s" % (
-                d["path"], node_fix(d["path"])))
+                d["path"], node_fix(d["path"])), phase="device_missing")
         if d["major"] not in majors:
             majors.append(d["major"])
     lines = [(ALLOW_KEY, "c %d:* rwm" % m) for m in majors]
@@ -579,105 +368,110 @@ def plan_passthrough(conf, devices, method, proc_devices, dev_gid=None, dev_uid=
     """
     plan = Plan()
     plan.devices = devices
-    main = conf.main
-    all_majors = char_majors(proc_devices)
-    nvidia_majors = set([NVIDIA_MAJOR])
-    for name, major in proc_devices.items():
-        if name.startswith("nvidia"):
-            nvidia_majors.add(major)
-    for d in devices:
-        if d.get("major") is not None and is_owned_path(d["path"]):
-            nvidia_majors.add(d["major"])
     plan.majors = dict((n, m) for n, m in proc_devices.items() if n.startswith("nvidia"))
-
-    want_devn = render_devn(devices, dev_gid, dev_uid, dev_mode) if method == "devN" else []
-    want_raw = render_raw(devices) if method == "lxc_raw" else []
-
-    # ---- devN
     if handle_devn and (method == "devN" or remove_other_method):
-        # judge by what the CT gets at its next start: [pve:pending] applied over the main section
-        eff = effective_conf(conf)
-        pending = conf.pending
-        by_path = {}
-        for n, ln, parsed in sorted(owned_dev_lines(eff.main), key=lambda t: t[0]):
-            by_path.setdefault(parsed["path"], []).append((n, ln))
-        used = set()
-        for sec in [main] + ([pending] if pending is not None else []):
-            for ln in sec.lines:
-                m = _DEV_KEY_RE.match(ln.key or "") if ln.kind == "key" else None
-                if m:
-                    used.add(int(m.group(1)))
-        wanted_paths = set(p for p, _value in want_devn)
-        keep = {}
-        stale = []
-        for path in sorted(by_path, key=device_sort_key):
-            entries = by_path[path]
-            if path in wanted_paths:
-                keep[path] = entries[0]
-                stale.extend(entries[1:])
-            else:
-                stale.extend(entries)
-        stale.sort(key=lambda t: t[0])
-        for path, value in want_devn:
-            if path in keep:
-                n, ln = keep[path]
-                if not dev_equivalent(ln.value, value):
-                    plan.devn_set["dev%d" % n] = value
-            elif stale:
-                # a stale owned entry (a GPU no longer passed) is updated in place
-                n, ln = stale.pop(0)
-                plan.devn_set["dev%d" % n] = value
-            else:
-                n = 0
-                while n in used:
-                    n += 1
-                if n >= MAX_DEVICES:
-                    raise LxcConfigError("no free devN index (PVE allows dev0..dev%d)" % (MAX_DEVICES - 1))
-                used.add(n)
-                plan.devn_set["dev%d" % n] = value
-        plan.devn_delete = ["dev%d" % n for n, _line in stale]
-        pending_keys = set()
-        if pending is not None:
-            pending_keys = set(ln.key for ln in pending.lines if ln.kind == "key")
-        for key in plan.devn_delete:
-            conf.delete_key(key)
-            if key in pending_keys:
-                conf.delete_key(key, pending)
-                plan.warnings.append("removed %s from [pve:pending] (a pending NVIDIA device no longer wanted)" % key)
-        for key in sorted(plan.devn_set, key=lambda k: int(k[3:])):
-            if key in pending_keys:
-                conf.set_key(key, plan.devn_set[key], pending)
-                plan.warnings.append("updated %s in [pve:pending] (it would override the main section at the next start)" % key)
-            else:
-                conf.set_key(key, plan.devn_set[key])
-
-    # ---- raw lxc lines
+        want_devn = render_devn(devices, dev_gid, dev_uid, dev_mode) if method == "devN" else []
+        _plan_devn(conf, want_devn, plan)
+        _apply_devn(conf, plan)
     if handle_raw and (method == "lxc_raw" or remove_other_method):
         before = conf.render()
-        owned_allow = owned_allow_lines(main, nvidia_majors, all_majors)
-        owned_mount = owned_mount_lines(main)
-        for key, owned_lines in ((ALLOW_KEY, owned_allow), (MOUNT_KEY, owned_mount)):
-            wanted = [v for k, v in want_raw if k == key]
-            missing = list(wanted)
-            unmatched = []
-            for ln in owned_lines:
-                nv = _norm(ln.value)
-                if nv in missing:
-                    missing.remove(nv)
-                else:
-                    unmatched.append(ln)
-            # a stale line (old uvm major, removed GPU) is updated in place when a line of its kind is missing
-            while unmatched and missing:
-                conf.replace_line(unmatched.pop(0), key, missing.pop(0))
-            conf.remove_lines(unmatched)
-            for v in missing:
-                conf.add_lxc(key, v)
+        want_raw = render_raw(devices) if method == "lxc_raw" else []
+        _plan_raw(conf, want_raw, _nvidia_majors(proc_devices, devices), char_majors(proc_devices))
         plan.raw_changed = conf.render() != before
     for d in devices:
         if d["path"].startswith("/dev/nvidia-uvm") and method == "lxc_raw" and "nvidia-uvm" not in proc_devices:
             plan.warnings.append("nvidia-uvm is not in /proc/devices; the allow line uses the major given for %s" % d["path"])
             break
     return plan
+
+
+def _nvidia_majors(proc_devices, devices):
+    majors = set([NVIDIA_MAJOR])
+    majors.update(m for n, m in proc_devices.items() if n.startswith("nvidia"))
+    majors.update(d["major"] for d in devices if d.get("major") is not None and is_owned_path(d["path"]))
+    return majors
+
+
+def _devn_in_use(conf):
+    """({path: [(n, line)]} of the owned devN entries the CT gets at its next start, the devN indices in use)."""
+    by_path = {}
+    for n, ln, parsed in sorted(owned_dev_lines(effective_conf(conf).main), key=lambda t: t[0]):
+        by_path.setdefault(parsed["path"], []).append((n, ln))
+    used = set()
+    for sec in [conf.main] + ([conf.pending] if conf.pending is not None else []):
+        for ln in sec.lines:
+            m = _DEV_KEY_RE.match(ln.key or "") if ln.kind == "key" else None
+            if m:
+                used.add(int(m.group(1)))
+    return by_path, used
+
+
+def _plan_devn(conf, want_devn, plan):
+    """Fill plan.devn_set/devn_delete: keep an entry per wanted path, reuse stale ones in place, else a free index."""
+    by_path, used = _devn_in_use(conf)
+    wanted_paths = set(p for p, _value in want_devn)
+    keep, stale = {}, []
+    for path in sorted(by_path, key=device_sort_key):
+        entries = by_path[path]
+        if path in wanted_paths:
+            keep[path] = entries[0]
+            stale.extend(entries[1:])
+        else:
+            stale.extend(entries)
+    stale.sort(key=lambda t: t[0])
+    for path, value in want_devn:
+        if path in keep:
+            n, ln = keep[path]
+            if not dev_equivalent(ln.value, value):
+                plan.devn_set["dev%d" % n] = value
+        elif stale:  # a stale owned entry (a GPU no longer passed) is updated in place
+            n, ln = stale.pop(0)
+            plan.devn_set["dev%d" % n] = value
+        else:
+            n = 0
+            while n in used:
+                n += 1
+            if n >= MAX_DEVICES:
+                raise LxcConfigError("no free devN index (PVE allows dev0..dev%d)" % (MAX_DEVICES - 1))
+            used.add(n)
+            plan.devn_set["dev%d" % n] = value
+    plan.devn_delete = ["dev%d" % n for n, _line in stale]
+
+
+def _apply_devn(conf, plan):
+    """Make the planned devN edits in ``conf``; a key also in [pve:pending] is edited there too (with a warning)."""
+    pending = conf.pending
+    pending_keys = set(ln.key for ln in pending.lines if ln.kind == "key") if pending is not None else set()
+    for key in plan.devn_delete:
+        conf.delete_key(key)
+        if key in pending_keys:
+            conf.delete_key(key, pending)
+            plan.warnings.append("removed %s from [pve:pending] (a pending NVIDIA device no longer wanted)" % key)
+    for key in sorted(plan.devn_set, key=lambda k: int(k[3:])):
+        if key in pending_keys:
+            conf.set_key(key, plan.devn_set[key], pending)
+            plan.warnings.append("updated %s in [pve:pending] (it would override the main section at the next start)" % key)
+        else:
+            conf.set_key(key, plan.devn_set[key])
+
+
+def _plan_raw(conf, want_raw, nvidia_majors, all_majors):
+    """Make the owned raw lxc lines of the main section exactly ``want_raw``; stale lines are updated in place."""
+    owned = ((ALLOW_KEY, owned_allow_lines(conf.main, nvidia_majors, all_majors)), (MOUNT_KEY, owned_mount_lines(conf.main)))
+    for key, owned_lines in owned:
+        missing = [v for k, v in want_raw if k == key]
+        unmatched = []
+        for ln in owned_lines:
+            nv = _norm(ln.value)
+            if nv in missing:
+                missing.remove(nv)
+            else:
+                unmatched.append(ln)
+        while unmatched and missing:
+            conf.replace_line(unmatched.pop(0), key, missing.pop(0))
+        conf.remove_lines(unmatched)
+        for v in missing:
+            conf.add_lxc(key, v)
 
 
 def effective_conf(conf):
@@ -788,16 +582,7 @@ def write_backup(backup_dir, vmid, data, now=None):
     except OSError as e:
         if e.errno != errno.EEXIST:
             raise LxcConfigError("cannot create the backup directory %s: %s" % (backup_dir, e))
-    base = os.path.join(backup_dir, "%d.conf.%s" % (int(vmid), now.strftime("%Y%m%dT%H%M%S.%fZ")))
-    path = base
-    n = 0
-    while os.path.exists(path):
-        n += 1
-        path = "%s.%d" % (base, n)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return path
+    return fileio.write_new(os.path.join(backup_dir, "%d.conf.%s" % (int(vmid), now.strftime("%Y%m%dT%H%M%S.%fZ"))), data)
 
 
 def is_pve_config_dir(config_dir):

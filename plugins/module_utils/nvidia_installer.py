@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
 # The unit that creates /dev/nvidia-uvm* (and the GPU nodes) at every boot, before PVE
@@ -22,11 +24,11 @@ DEVICE_NODES_UNIT = "nvidia-device-nodes.service"
 PERSISTENCED_UNIT = "nvidia-persistenced.service"
 
 
-class InstallerError(Exception):
-    """An error with a name (``kind``) the operator can look up."""
+class InstallerError(Failure):
+    """An error with a name (``kind``, its phase) the operator can look up."""
 
     def __init__(self, kind, msg):
-        super(InstallerError, self).__init__(msg)
+        super(InstallerError, self).__init__(kind, msg)
         self.kind = kind
 
 

@@ -24,6 +24,8 @@ import errno
 import os
 import re
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import read_text
+
 VFIO_DRIVER = "vfio-pci"
 NVIDIA_VENDOR = "10de"
 NOUVEAU_DRIVER = "nouveau"
@@ -122,11 +124,7 @@ def driver_dir(driver, sysfs_root="/sys"):
 
 
 def _read(path):
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except (IOError, OSError):
-        return None
+    return read_text(path, strip=True)
 
 
 def _hex4(value):

@@ -13,7 +13,7 @@
 * every file is replicated to the whole cluster, so a backup or a stray temporary file must not
   be left there (PVE could also read ``<vmid>.conf.<x>`` lying next to a config).
 
-:func:`atomic_write` therefore writes like ``PVE::Tools::file_set_contents``:
+:func:`atomic_write` (module_utils/fileio.py's writer with these rules) writes like ``PVE::Tools::file_set_contents``:
 ``<file>.tmp.<pid>`` created with ``O_EXCL``, written, fsynced, then renamed over the file (pmxcfs
 renames atomically), with no chmod/chown unless the caller asks for one on a regular filesystem,
 and refuses a file over the cap before touching anything.
@@ -29,84 +29,24 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import stat
 import time
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import fileio
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import (  # noqa: F401 pylint: disable=unused-import
+    MODE_DEFAULT, MODE_INHERIT, MODE_PRESERVE, MODES, tmp_path)  # re-exported: callers name them pmxcfs.MODE_*
 
 MAX_FILE_SIZE = 1024 * 1024  # pmxcfs MEMDB_MAX_FILE_SIZE
 DEFAULT_FILE_MODE = 0o640
-
-# atomic_write ``mode`` values
-MODE_INHERIT = "inherit"    # create the new file with the old file's permission bits; no chmod/chown
-MODE_DEFAULT = "default"    # create the new file with ``default_mode``; no chmod/chown
-MODE_PRESERVE = "preserve"  # create with ``default_mode``, then chmod/chown to the old file's (regular filesystems only)
-MODES = (MODE_INHERIT, MODE_DEFAULT, MODE_PRESERVE)
 
 
 class PmxcfsError(Exception):
     """The default error type of this module (callers usually pass their own)."""
 
 
-def tmp_path(path):
-    """The temporary name PVE uses while replacing ``path``."""
-    return "%s.tmp.%d" % (path, os.getpid())
-
-
 def atomic_write(path, data, max_size=MAX_FILE_SIZE, mode=MODE_INHERIT, default_mode=DEFAULT_FILE_MODE,
                  error=PmxcfsError):
-    """Replace ``path`` with ``data`` (bytes) through ``<path>.tmp.<pid>`` (``O_EXCL``) + fsync + rename.
-
-    ``max_size``: refuse (raise ``error``, nothing written) data longer than this many bytes; None for
-    no cap. ``mode``: :data:`MODE_INHERIT` (the default, safe under pmxcfs), :data:`MODE_DEFAULT` or
-    :data:`MODE_PRESERVE` (chmod/chown the new file to the old one's; never under /etc/pve).
-    On any failure the temporary file is removed and ``path`` is left as it was; I/O errors are
-    raised as they are (OSError).
-    """
-    if mode not in MODES:
-        raise ValueError("mode must be one of %s, got %r" % (", ".join(MODES), mode))
-    if max_size is not None and len(data) > max_size:
-        raise error("%s would be %d bytes; pmxcfs refuses files over %s" % (path, len(data), _size_text(max_size)))
-    old = None
-    if mode != MODE_DEFAULT:
-        try:
-            old = os.stat(path)
-        except OSError as e:
-            if e.errno != errno.ENOENT:
-                raise
-    create_mode = stat.S_IMODE(old.st_mode) if (old is not None and mode == MODE_INHERIT) else default_mode
-    tmp = tmp_path(path)
-    try:
-        os.unlink(tmp)  # left over by an earlier process that had our pid
-    except OSError:
-        pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, create_mode)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if mode == MODE_PRESERVE and old is not None:
-            os.chmod(tmp, stat.S_IMODE(old.st_mode))
-            try:
-                os.chown(tmp, old.st_uid, old.st_gid)
-            except OSError:
-                pass  # not root: the new file stays ours
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _size_text(n):
-    if n % (1024 * 1024) == 0:
-        return "%d MiB" % (n // (1024 * 1024))
-    return "%d bytes" % n
+    """fileio.atomic_write with the pmxcfs rules as defaults: the 1 MiB cap, the old file's mode, no chmod/chown."""
+    fileio.atomic_write(path, data, max_size=max_size, mode=mode, default_mode=default_mode, error=error)
 
 
 class FlockLock(object):

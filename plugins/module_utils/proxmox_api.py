@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
+
 PROXMOXER_IMPORT_ERROR = None
 try:
     from proxmoxer import ProxmoxAPI
@@ -75,8 +77,10 @@ def api_argument_spec():
     )
 
 
-class ProxmoxApiError(Exception):
-    """An API failure with a message naming the cause and the fix."""
+class ProxmoxApiError(PhasedError):
+    """An API failure with a message naming the cause and the fix (phase pve_api_error)."""
+
+    PHASE = "pve_api_error"
 
 
 class ProxmoxTaskError(ProxmoxApiError):
@@ -161,7 +165,7 @@ def connect(params, api_factory=None, cli_runner=None):
     if api_factory is None and cli_runner is None:
         problem = proxmoxer_problem(backend, token=bool(params.get("api_token_id")))
         if problem:
-            raise ProxmoxApiError(problem)
+            raise ProxmoxApiError(problem, phase="library_missing")
     try:
         if backend != "local" and not host:
             raise ProxmoxApiError("api_host is required for api_backend=%s (the node's address)" % backend)

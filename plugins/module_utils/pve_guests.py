@@ -33,56 +33,48 @@ import os
 import re
 import time
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import fileio
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_config
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
+
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.pmxcfs import (
     MODE_DEFAULT, MODE_PRESERVE, FlockLock, atomic_write as pmxcfs_atomic_write)
 
-_SECTION_RE = re.compile(r"^\[([^\]]+)\]\s*$")
-_KEY_RE = re.compile(r"^([A-Za-z][A-Za-z0-9_\-]*):\s?(.*?)\s*$")
 _HOSTPCI_KEY_RE = re.compile(r"^hostpci\d+$")
 _PCIID_RE = re.compile(r"^(?:([0-9a-fA-F]{4}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
-_LINE_RE = re.compile(r"[^\n]*\n|[^\n]+")
 
 PENDING = "PENDING"
 
 
-class GuestError(Exception):
-    pass
+class GuestError(PhasedError):
+    """A guest's state cannot be read or changed (phase host_config_unreadable)."""
+
+    PHASE = "host_config_unreadable"
 
 
 # --------------------------------------------------------------------------- parsing
 
 
-def _lines(text):
-    return _LINE_RE.findall(text)
+def _section_name(section):
+    return "main" if section.kind == "main" else section.name
 
 
 def parse_vm_config(text):
     """``{"main": {key: value}, "pending": {key: value}, "snapshots": [names], "lines": {key: (section, lineno)}}``.
 
     ``lines`` maps ``(section, key)`` to the 0-based line index (section ``main`` or ``PENDING``).
+    Parsed by pve_config's lossless parser (VM dialect).
     """
-    section = "main"
-    main = {}
-    pending = {}
-    snaps = []
-    where = {}
-    for idx, raw in enumerate(_lines(text)):
-        line = raw.rstrip("\r\n")
-        m = _SECTION_RE.match(line)
-        if m:
-            section = m.group(1)
-            if section != PENDING and not section.startswith("special:"):
-                snaps.append(section)
-            continue
-        if section not in ("main", PENDING) or not line.strip() or line.lstrip().startswith("#"):
-            continue
-        k = _KEY_RE.match(line)
-        if not k:
-            continue
-        target = main if section == "main" else pending
-        target[k.group(1)] = k.group(2)
-        where[(section, k.group(1))] = idx
-    return {"main": main, "pending": pending, "snapshots": snaps, "lines": where}
+    conf = pve_config.ConfigFile.parse(text, pve_config.VM)
+    out = {"main": {}, "pending": {}, "snapshots": [s.name for s in conf.snapshots], "lines": {}}
+    idx = 0
+    for section in conf.sections:
+        for ln in section.lines:
+            if section.kind in ("main", "pending") and ln.kind == "key":
+                out[section.kind][ln.key] = ln.value
+                out["lines"][(_section_name(section), ln.key)] = idx
+            idx += 1
+    return out
 
 
 def normalize_pciid(value):
@@ -319,46 +311,30 @@ def detach_text(text, remove_keys=(), set_onboot_zero=False):
     Returns (new text, changes); changes are strings.
     """
     remove = set(remove_keys)
-    section = "main"
-    out = []
+    conf = pve_config.ConfigFile.parse(text, pve_config.VM)
     changes = []
-    for raw in _lines(text):
-        body = raw.rstrip("\r\n")
-        eol = raw[len(body):]
-        m = _SECTION_RE.match(body)
-        if m:
-            section = m.group(1)
-            out.append(raw)
-            continue
-        k = _KEY_RE.match(body) if section in ("main", PENDING) and not body.lstrip().startswith("#") else None
-        if k and (section, k.group(1)) in remove:
-            changes.append("removed %s%s" % (body, "" if section == "main" else " (from [%s])" % section))
-            continue
-        if k and set_onboot_zero and section == "main" and k.group(1) == "onboot" and k.group(2).strip() == "1":
-            new = "onboot: 0"
-            changes.append("onboot: 1 -> onboot: 0")
-            out.append(new + eol)
-            continue
-        out.append(raw)
-    return "".join(out), changes
+    for section in conf.sections:
+        name = _section_name(section)
+        keep = []
+        for ln in section.lines:
+            body = ln.raw.rstrip("\r\n")
+            if ln.kind == "key" and section.kind in ("main", "pending") and (name, ln.key) in remove:
+                changes.append("removed %s%s" % (body, "" if name == "main" else " (from [%s])" % name))
+                continue
+            if ln.kind == "key" and set_onboot_zero and name == "main" and ln.key == "onboot" and ln.value.strip() == "1":
+                changes.append("onboot: 1 -> onboot: 0")
+                ln.raw = "onboot: 0" + ln.raw[len(body):]
+            keep.append(ln)
+        section.lines = keep
+    return conf.render(), changes
 
 
 def backup_file(path, backup_dir, now=None):
     """Copy ``path`` to ``<backup_dir>/<path without leading />.<YYYYmmddTHHMMSS>``; returns the backup path."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(now))
-    dest = os.path.join(backup_dir, os.path.abspath(path).lstrip("/") + "." + stamp)
-    n = 1
-    base = dest
-    while os.path.exists(dest):
-        dest = "%s.%d" % (base, n)
-        n += 1
-    os.makedirs(os.path.dirname(dest), 0o700, exist_ok=True)
     with open(path, "rb") as src:
         data = src.read()
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return dest
+    return fileio.backup(data, os.path.join(backup_dir, os.path.abspath(path).lstrip("/") + "." + stamp))
 
 
 def atomic_write(path, data, preserve_mode=True):

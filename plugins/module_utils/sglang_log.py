@@ -23,28 +23,8 @@ import re
 import time
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
-
-# The diagnosis vocabulary (DESIGN.md), fixed so tools and tests agree.
-PHASES = (
-    "ready",
-    "loading",
-    "not_started",
-    "init_failed_before_gpu",
-    "weights_oom",
-    "kv_cache_oom",
-    "nccl_error",
-    "cuda_graph_failed",
-    "port_in_use",
-    "warmup_failed",
-    "degenerate_output",
-    "gpu_memory_held",
-    "version_mismatch",
-    "known_bad_version",
-    "timeout",
-)
-
-# Phases after which nothing more will happen for this launch.
-TERMINAL_PHASES = frozenset(p for p in PHASES if p not in ("loading",))
+# The diagnosis vocabulary (DESIGN.md) lives in failure.py, with the host's phases.
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PHASES, TERMINAL_PHASES  # noqa: F401 pylint: disable=unused-import
 
 LAUNCH_HEADER = "# kpro-launch-id:"
 _LAUNCH_HEADER_RE = re.compile(r"^#\s*kpro-launch-id:\s*(\S+)\s*$")

@@ -39,11 +39,11 @@ options:
     type: bool
     default: true
   sysfs_root:
-    description: Root of sysfs (tests).
+    description: Internal, for tests only (do not set) - the root of sysfs.
     type: path
     default: /sys
   proc_root:
-    description: Root of procfs (tests).
+    description: Internal, for tests only (do not set) - the root of procfs.
     type: path
     default: /proc
 extends_documentation_fragment: []
@@ -87,6 +87,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+extends_documentation_fragment:
+  - kpro.gpu_serving.failure
 pci_devices:
   description: Every PCI function of the machine, sorted by address.
   returned: always
@@ -266,6 +268,10 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvml as nvml_utils
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
+
+ROOTS = dict(sysfs_root="/sys", proc_root="/proc")  # test-only roots, documented as internal
 
 
 def main():
@@ -274,8 +280,7 @@ def main():
             vendor_device_ids=dict(type="list", elements="str"),
             include_iommu_group=dict(type="bool", default=True),
             nvml=dict(type="bool", default=True),
-            sysfs_root=dict(type="path", default="/sys"),
-            proc_root=dict(type="path", default="/proc"),
+            **root_options(ROOTS)
         ),
         supports_check_mode=True,
     )
@@ -285,7 +290,7 @@ def main():
         try:
             ids = ["%s:%s" % pci.parse_id(i) for i in ids]
         except ValueError as e:
-            module.fail_json(msg="vendor_device_ids: %s" % e)
+            fail(module, Failure("bad_input", "vendor_device_ids: %s" % e, remedy="Give PCI vendor:device ids such as 10de:2230."))
 
     devices = pci.list_devices(p["sysfs_root"])
     gpus = pci.select_gpus(devices, ids=ids, include_group=p["include_iommu_group"])

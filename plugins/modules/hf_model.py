@@ -187,6 +187,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+extends_documentation_fragment:
+  - kpro.gpu_serving.failure
 resolved_revision:
   description: The commit sha the files come from.
   returned: always
@@ -250,78 +252,13 @@ progress_file:
   type: str
 """
 
-import contextlib
 import os
-import time
-import traceback
-from concurrent.futures import ThreadPoolExecutor
 
-from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule, env_fallback
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf_download as hd
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail as failure_fail
-
-
-def _check_local(local_dir, entries, markers, verify, result, full=False):
-    """Statuses of all entries; hashes the unverified ones locally (no network) and updates markers."""
-    statuses = {}
-    for e in entries:
-        st = hf.file_status(local_dir, e, markers, verify=verify, full=full)
-        if st["state"] == "unverified":
-            final = os.path.join(local_dir, hf.safe_relpath(e["path"]))
-            algo, digest = hf.expected_digest(e)
-            if hf.hash_file(final, algo, e["size"]).hexdigest() == digest:
-                markers[e["path"]] = hf.make_marker(e, os.stat(final))
-                result["_markers_changed"] = True
-                st = {"state": "complete", "have": e["size"], "verified": True}
-            else:
-                result["_mismatch"].append(e["path"])
-                part = hf.incomplete_path(local_dir, e["path"])
-                have = os.path.getsize(part) if os.path.exists(part) else 0
-                st = {"state": "partial" if 0 < have <= e["size"] else "missing", "have": have if have <= e["size"] else 0,
-                      "verified": False}
-        statuses[e["path"]] = st
-    return statuses
-
-
-def _remote_listing(module, client, repo_id, revision, commit, local_dir):
-    """(commit, full listing): resolves a branch/tag (with a warning) and caches the listing of the commit."""
-    if commit is None:
-        commit = client.resolve(repo_id, revision)
-        module.warn("revision %r is not a commit sha; it resolved to %s. Pin revision: %s so that every host "
-                    "gets the same bytes." % (revision, commit, commit))
-    listing = hf.load_tree_cache(local_dir, repo_id, commit)
-    if listing is None:
-        listing = client.listing(repo_id, commit)
-        if not module.check_mode:
-            hf.save_tree_cache(local_dir, repo_id, commit, listing)
-    return commit, listing
-
-
-def _watch(module, p, local_dir, progress_file):
-    """Watch mode (O(job)): the async job's result when it finished, else whether it is still alive."""
-    state = hf.job_state(p["job"], local_dir)
-    for _i in range(5):  # between releasing the lock and writing its result a job looks gone: look again
-        if state["state"] != "gone":
-            break
-        time.sleep(1)
-        state = hf.job_state(p["job"], local_dir)
-    if state["state"] == "gone":
-        raise hf.died_failure(p["job"], local_dir, state, progress_file)
-    if state["state"] != "finished":
-        prog = hf.load_json(progress_file, {}) or {}
-        module.exit_json(changed=False, finished=False, job_state=state["state"], holder=state.get("holder"),
-                         bytes_done=prog.get("bytes_done"), bytes_total=prog.get("bytes_total"), path=local_dir)
-    res = dict(state["result"], finished=True)
-    for k in ("ansible_job_id", "results_file", "started", "invocation", "_ansible_no_log", "deprecations"):
-        res.pop(k, None)
-    for w in res.pop("warnings", None) or []:  # the job's warnings, serialized: warn them again
-        module.warn(w.get("event", {}).get("msg", str(w)) if isinstance(w, dict) else str(w))
-    with contextlib.suppress(OSError):
-        os.unlink(p["job"])
-    if res.get("failed"):
-        module.fail_json(**res)
-    module.exit_json(**res)
 
 
 def main():
@@ -353,175 +290,27 @@ def main():
         token = hf.read_token_file(p["token_file"]) if p["token_file"] and not p["job"] else (p["token"] or None)
     except Failure as f:
         failure_fail(module, f, path=p["local_dir"])
-    bad = hf.check_local_dir(p["local_dir"])
+    bad = hf.check_local_dir(p["local_dir"]) or ("max_workers must be at least 1" if p["max_workers"] < 1 else None)
     if bad:
-        module.fail_json(msg=bad, phase="model_input", path=p["local_dir"])
-    if p["max_workers"] < 1:
-        module.fail_json(msg="max_workers must be at least 1", phase="model_input", path=p["local_dir"])
+        failure_fail(module, Failure("model_input", bad), path=p["local_dir"])
     local_dir = os.path.normpath(p["local_dir"])
     progress_file = p["progress_file"] or os.path.join(local_dir, hf.PROGRESS_FILE)
     lock = None
     try:
         if p["job"]:
-            return _watch(module, p, local_dir, progress_file)
+            return hd.watch(module, p, local_dir, progress_file)
         if not module.check_mode:
             lock = hf.DirLock(local_dir)
             waited = lock.acquire(p["lock_timeout"])
             if waited >= 1:
                 module.warn("waited %d s for another download into %s to end" % (waited, local_dir))
-        _run(module, p, token, local_dir, progress_file)
+        hd.run(module, p, token, local_dir, progress_file)
     except Failure as f:
         failure_fail(module, f, path=local_dir)
     finally:
         if lock is not None:
             lock.release()
     return None
-
-
-def _run(module, p, token, local_dir, progress_file):
-    endpoint = (p["endpoint"] or "https://huggingface.co").rstrip("/")
-    repo_id, revision = p["repo_id"], p["revision"]
-    pinned = hf.is_commit(revision)
-    verify = p["verify"] or p["verify_full"]
-
-    def fail(msg, **kw):
-        kw.setdefault("resolved_revision", result.get("resolved_revision"))
-        kw.setdefault("path", local_dir)
-        if kw.get("exception") is None:
-            kw.pop("exception", None)
-        module.fail_json(msg=hf.scrub(msg, token), **dict((k, v) for k, v in kw.items() if not k.startswith("_")))
-
-    result = {"changed": False, "pinned": pinned, "path": local_dir, "resolved_revision": revision if pinned else None,
-              "bytes_downloaded": 0, "downloaded": [], "resumed": [], "offline": False, "progress_file": progress_file,
-              "_mismatch": [], "_markers_changed": False}
-    markers = hf.load_markers(local_dir)
-    commit = revision if pinned else None
-    client = None
-    entries, statuses = _offline(local_dir, repo_id, commit, p, markers, verify, result) if pinned else (None, None)
-    if entries is None:
-        if not hf.HAS_HF:
-            fail(missing_required_lib("huggingface_hub") + " (the target's python must have it: point "
-                 "ansible_python_interpreter at the SGLang venv's python)", exception=str(hf.HF_IMPORT_ERROR))
-        error = None
-        try:
-            client = hf.HubClient(endpoint, token=token, timeout=p["timeout"])
-            commit, entries = _remote_listing(module, client, repo_id, revision, commit, local_dir)
-        except hf.HfError as e:
-            error = (str(e), None)
-        except Exception as e:  # pylint: disable=broad-except
-            error = (hf.hub_error(repo_id, revision, endpoint, e), traceback.format_exc())
-        if error:
-            fail(error[0], exception=hf.scrub(error[1], token))
-        entries = hf.select_entries(entries, p["allow_patterns"], p["ignore_patterns"])
-        if not entries:
-            fail("no file of %s@%s matches allow_patterns %s / ignore_patterns %s" % (
-                repo_id, commit, p["allow_patterns"], p["ignore_patterns"]), resolved_revision=commit)
-        result["_mismatch"] = []
-        statuses = _check_local(local_dir, entries, markers, verify, result, full=p["verify_full"])
-    result["resolved_revision"] = commit
-    _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, markers, progress_file, result, fail)
-
-
-def _offline(local_dir, repo_id, commit, p, markers, verify, result):
-    """(entries, statuses) when the cached listing of a pinned commit shows a complete model, else (None, None)."""
-    cached = hf.load_tree_cache(local_dir, repo_id, commit)
-    if cached is None:
-        return None, None
-    sel = hf.select_entries(cached, p["allow_patterns"], p["ignore_patterns"])
-    if not sel:  # patterns that select nothing are an error, not an empty complete model
-        return None, None
-    statuses = _check_local(local_dir, sel, markers, verify, result, full=p["verify_full"])
-    if not hf.plan(sel, statuses)["complete"]:
-        return None, None
-    result["offline"] = True
-    return sel, statuses
-
-
-def _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, markers, progress_file, result, fail):
-    pl = hf.plan(entries, statuses)
-    result.update(files=pl["files"], bytes_total=pl["bytes_total"], bytes_needed=pl["bytes_needed"],
-                  files_complete=pl["files"] - len(pl["todo"]))
-    if result["_mismatch"]:
-        module.warn("checksum mismatch, downloading again: %s" % ", ".join(sorted(result["_mismatch"])))
-    if pl["todo"]:
-        free = hf.free_bytes(local_dir)
-        result["free_bytes"] = free
-        msg = hf.preflight(pl["bytes_needed"], free, p["min_free_bytes_margin"])
-        if msg:
-            fail(msg, needed_bytes=pl["bytes_needed"], free_bytes=free, margin_bytes=p["min_free_bytes_margin"],
-                 files=pl["files"], bytes_total=pl["bytes_total"], downloaded=[])
-        _access_check(client, repo_id, commit, pl["todo"][0], fail)
-        result["changed"] = True
-        result["downloaded"] = [e["path"] for e in pl["todo"]]
-        result["resumed"] = [e["path"] for e in pl["todo"] if statuses[e["path"]]["state"] == "partial"]
-        if not module.check_mode:
-            _download(module, client, repo_id, commit, local_dir, pl, statuses, markers, progress_file, result, fail)
-    if result["_markers_changed"] and not module.check_mode:
-        hf.save_markers(local_dir, markers)
-    result["verified"] = _count_verified(local_dir, entries, markers)
-    module.exit_json(**dict((k, v) for k, v in result.items() if not k.startswith("_")))
-
-
-def _access_check(client, repo_id, commit, entry, fail):
-    """HEAD of one file to fetch: a refused token fails here, in the check-mode probe, before anything is written."""
-    if client is None:
-        return
-    try:
-        client.file_location(repo_id, commit, entry)
-    except Exception as e:  # pylint: disable=broad-except
-        fail(hf.hub_error(repo_id, commit, client.endpoint, e), downloaded=[])
-
-
-def _count_verified(local_dir, entries, markers):
-    n = 0
-    for e in entries:
-        try:
-            st = os.stat(os.path.join(local_dir, hf.safe_relpath(e["path"])))
-        except OSError:
-            continue
-        if hf.marker_valid(markers.get(e["path"]), e, st):
-            n += 1
-    return n
-
-
-def _download(module, client, repo_id, commit, local_dir, pl, statuses, markers, progress_file, result, fail):
-    todo = sorted(pl["todo"], key=lambda e: -(e["size"] - statuses[e["path"]]["have"]))
-    progress = hf.Progress(progress_file, repo_id, commit, pl["files"], pl["bytes_total"], pl["bytes_present"])
-    progress.start()
-    errors = {}
-    started = time.time()
-
-    def one(entry):
-        try:
-            marker = hf.download_one(client, repo_id, commit, local_dir, entry, progress, verify=module.params["verify"],
-                                     retries=module.params["retries"])
-            progress.file_done(entry["path"])
-            return entry["path"], marker, None
-        except Exception as e:  # pylint: disable=broad-except
-            msg = hf.scrub(str(e) if isinstance(e, hf.HfError) else "%s: %s: %s" % (entry["path"], type(e).__name__, e),
-                           client.token)
-            progress.file_done(entry["path"], ok=False, error=msg)
-            return entry["path"], None, msg
-
-    with ThreadPoolExecutor(max_workers=module.params["max_workers"]) as pool:
-        for path, marker, err in pool.map(one, todo):
-            if err:
-                errors[path] = err
-            elif marker:
-                markers[path] = marker
-                result["_markers_changed"] = True
-                hf.save_markers(local_dir, markers)  # a probe during the download need not hash this file again
-    hf.save_markers(local_dir, markers)
-    snap = progress.snapshot()
-    result["bytes_downloaded"] = snap["bytes_downloaded"]
-    result["elapsed_s"] = round(time.time() - started, 3)
-    if errors:
-        progress.finish("failed")
-        fail("%d of %d files failed to download; the bytes already received are kept and a re-run resumes them: %s" % (
-            len(errors), len(todo), "; ".join(errors[k] for k in sorted(errors))),
-            errors=errors, bytes_downloaded=snap["bytes_downloaded"], bytes_total=pl["bytes_total"],
-            files=pl["files"], downloaded=sorted(set(result["downloaded"]) - set(errors)))
-    progress.finish("done")
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ options:
   boot_refresh_cmd:
     description:
       - Command (argv) that applies a kernel command line change to the boot entries.
-      - Default C(proxmox-boot-tool refresh) when C(<etc_root>/kernel/proxmox-boot-uuids) exists, else C(update-grub).
+      - Default C(proxmox-boot-tool refresh) when C(/etc/kernel/proxmox-boot-uuids) exists, else C(update-grub).
     type: list
     elements: str
   drop_framebuffer_tokens:
@@ -110,7 +110,7 @@ options:
       - Keep nouveau off the GPUs, which the NVIDIA driver needs. A host that does not blacklist nouveau has it loaded
         from boot (udev loads it for the GPU's alias even while vfio-pci holds the GPU), and the probe after the
         release would hand the GPUs to it.
-      - Adds C(<etc_root>/modprobe.d/kpro-gpu-serving-nouveau.conf) (C(blacklist nouveau), C(options nouveau modeset=0),
+      - Adds C(/etc/modprobe.d/kpro-gpu-serving-nouveau.conf) (C(blacklist nouveau), C(options nouveau modeset=0),
         what nvidia-installer writes) when no modprobe.d file blacklists nouveau, and regenerates the initramfs.
       - At runtime unbinds selected functions from nouveau, unloads nouveau (C(modprobe -r nouveau)) when no other
         device uses it, and does not probe a display function that nouveau could still take.
@@ -129,23 +129,23 @@ options:
     type: path
     default: /var/backups/kpro-gpu-serving
   sysfs_root:
-    description: Root of sysfs (tests use a fake tree).
+    description: Internal, for tests only (do not set) - the root of sysfs.
     type: path
     default: /sys
   etc_root:
-    description: The directory used as C(/etc), including C(pve/qemu-server) and C(pve/mapping).
+    description: Internal, for tests only (do not set) - the directory used as C(/etc).
     type: path
     default: /etc
   proc_root:
-    description: Root of procfs (C(cmdline), VM processes).
+    description: Internal, for tests only (do not set) - the root of procfs.
     type: path
     default: /proc
   run_root:
-    description: The directory used as C(/run) (VM pidfiles, PCI reservations, locks).
+    description: Internal, for tests only (do not set) - the directory used as C(/run).
     type: path
     default: /run
   dev_root:
-    description: The directory used as C(/dev) (C(/dev/vfio/<group>) holders).
+    description: Internal, for tests only (do not set) - the directory used as C(/dev).
     type: path
     default: /dev
 attributes:
@@ -186,6 +186,8 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+extends_documentation_fragment:
+  - kpro.gpu_serving.failure
 selected:
   description: The functions released (or that would be), with their driver before the run.
   returned: always
@@ -299,307 +301,89 @@ reboot_reasons:
   elements: str
 """
 
-import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import bootcfg
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_guests
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_runtime
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_host as vh
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
 
-PENDING_MARKER = "regeneration-pending"
-
-
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except (IOError, OSError):
-        return None
-
-
-def _device_label(bdfs, by_bdf):
-    names = []
-    for b in bdfs:
-        d = by_bdf.get(b)
-        if d and d.get("selected_by") == "id" and d["name"] not in names:
-            names.append(d["name"])
-    if not names:
-        for b in bdfs:
-            d = by_bdf.get(b)
-            if d and d["name"] not in names:
-                names.append(d["name"])
-    return ", ".join(names)
+ARGUMENT_SPEC = dict(
+    ids=dict(type="list", elements="str"),
+    include_iommu_group=dict(type="bool", default=True),
+    detach_stopped_vms=dict(type="str", default="none", choices=["none", "hostpci", "onboot", "both"]),
+    vm_status_method=dict(type="str", default="pidfile", choices=["pidfile", "qm"]),
+    node=dict(type="str"),
+    runtime_unbind=dict(type="bool", default=True),
+    regenerate_initramfs=dict(type="bool", default=True),
+    refresh_boot=dict(type="bool", default=True),
+    update_initramfs_cmd=dict(type="list", elements="str"),
+    boot_refresh_cmd=dict(type="list", elements="str"),
+    drop_framebuffer_tokens=dict(type="bool", default=False),
+    remove_nvidia_blacklist=dict(type="bool", default=True),
+    disable_nouveau=dict(type="bool", default=True),
+    vfio_modules=dict(type="str", default="auto", choices=["auto", "keep", "remove"]),
+    backup_dir=dict(type="path", default="/var/backups/kpro-gpu-serving"),
+)
+ROOTS = dict(sysfs_root="/sys", etc_root="/etc", proc_root="/proc", run_root="/run", dev_root="/dev")  # test-only roots, documented as internal
+ARGUMENT_SPEC.update(root_options(ROOTS))
 
 
-def _public_vm(vm):
-    return {"vmid": vm["vmid"], "name": vm["name"], "onboot": vm["onboot"], "path": vm["path"],
-            "references": vm["references"]}
+def check_guests(module, p, selected, by_bdf, result):
+    """Refuse while a VM or process holds the GPUs; returns (PCI mappings, is_running, the stopped VMs)."""
+    mappings = vh.read_mappings(p["etc_root"], p["node"] or socket.gethostname().split(".")[0])
+    vms = pve_guests.find_references(p["etc_root"], [d["bdf"] for d in selected], mappings)
+    is_running = vh.running_checker(module, p["vm_status_method"], p["run_root"], p["proc_root"])
+    reservations = pve_guests.pci_reservations(p["run_root"], p["proc_root"])
+    refusals, stopped = vh.split_vms(vms, is_running, reservations, by_bdf)
+    refusals += vh.reservation_refusals(reservations, vms, by_bdf, p["run_root"])
+    if p["runtime_unbind"]:
+        refusals += vh.group_holder_refusals(selected, p["proc_root"], p["dev_root"])
+    vh.refuse(refusals, by_bdf)
+    result["stopped_vms_referencing"] = [vh.public_vm(v) for v in stopped]
+    return mappings, is_running, stopped
 
 
-def _other_vfio_users(etc_root, selected, mappings):
-    """(vmid, key) of hostpci entries in any VM that cover a device outside the selection."""
-    sel = set(d["bdf"] for d in selected)
-    slots = set(d["slot"] for d in selected)
-    out = []
-    for vmid, path in pve_guests.list_vm_configs(etc_root):
-        cfg = pve_guests.parse_vm_config(_read(path) or "")
-        for key, value in sorted(cfg["main"].items()):
-            if not key.startswith("hostpci"):
-                continue
-            parsed = pve_guests.parse_hostpci(value)
-            ids = parsed["host"] if parsed["mapping"] is None else mappings.get(parsed["mapping"], [])
-            for i in ids:
-                ours = (i in sel) if "." in i else (i in slots)
-                if not ours:
-                    out.append((vmid, key))
-                    break
-    return out
-
-
-def _runtime(module, p, selected, managed, result, warnings):
-    """The runtime release (vfio_runtime.release) and the reboot verdict; returns the reboot reasons."""
-    check, sysfs_root = module.check_mode, p["sysfs_root"]
-    live_cmdline = _read(os.path.join(p["proc_root"], "cmdline")) or ""
-    # the running kernel's own blacklist of the NVIDIA modules lasts until it is rebooted without it
-    reasons = []
-    blk = sorted(bootcfg.cmdline_blacklisted_nvidia(live_cmdline))
-    if blk and p["remove_nvidia_blacklist"]:
-        reasons.append("the running kernel was booted with modprobe.blacklist=%s" % ",".join(blk))
-    result["boot_vfio_ids"] = sorted(bootcfg.cmdline_vfio_ids(live_cmdline) & set(managed))
-    if not p["runtime_unbind"]:
-        on_vfio = [d["bdf"] for d in selected if pci.VFIO_DRIVER in (d["driver"], d["driver_override"])]
-        if on_vfio:
-            reasons.append("runtime_unbind is false and %s %s on vfio-pci" % (", ".join(on_vfio), "is" if len(on_vfio) == 1 else "are"))
-        result["bound_after"] = dict((d["bdf"], pci.current_driver(d["bdf"], sysfs_root)) for d in selected)
-        return reasons
-
-    def unload(name):
-        rc, out, err = module.run_command([module.get_bin_path("modprobe") or "modprobe", "-r", name])
-        return rc == 0, (err or out).strip()[-500:]
-
-    rep = vfio_runtime.release(selected, managed, sysfs_root, check, live_cmdline, p["disable_nouveau"], unload)
-    result["bound_after"] = vfio_runtime.verdict(selected, sysfs_root, rep, check)
-    for key in ("removed_dynamic_ids", "unbound", "runtime_actions", "runtime_errors"):
-        result[key] = rep[key]
-    result["nouveau"].update(rep["nouveau"])
-    warnings.extend(rep["warnings"] + [e["msg"] for e in rep["runtime_errors"]])
-    result["changed"] = result["changed"] or rep["changed"]
-    return reasons + rep["reasons"]
+def release(module, p, result, warnings):
+    """The whole run; returns the diffs. Raises Failure for a known failure."""
+    wanted, selected, managed = vh.select(p["ids"], p["include_iommu_group"], p["sysfs_root"])
+    by_bdf = dict((d["bdf"], d) for d in selected)
+    result.update(selected=vh.public_selected(selected), managed_ids=managed)
+    if not managed:
+        module.warn("no NVIDIA display function found under %s/bus/pci/devices and no ids given: nothing to release" % p["sysfs_root"])
+        return []
+    if wanted and not selected:
+        warnings.append("no PCI function with id %s is present; only the persistent bindings are cleaned" % ", ".join(wanted))
+    mappings, is_running, stopped = check_guests(module, p, selected, by_bdf, result)
+    detach = vh.detach_plan(stopped, p["detach_stopped_vms"], warnings)
+    plan = vh.file_plan(p, managed, vh.other_vfio_users(p["etc_root"], selected, mappings), warnings)
+    result.update(remaining_vfio_ids=plan["remaining_vfio_ids"], keep_vfio_modules=plan["keep_vfio_modules"])
+    result["nouveau"]["blacklist"] = plan["nouveau_blacklist"]
+    changed_files = [f for f in plan["files"] if f["changed"]]
+    pending = vh.pending_kinds(p["backup_dir"])
+    cmds = vh.commands(p, plan, pending)
+    result["commands"] = [c for _k, c in cmds]
+    if module.check_mode:
+        vh.check_mode_report(detach, changed_files, result)
+    else:
+        vh.apply_writes(p, detach, changed_files, cmds, pending, is_running, result)
+        vh.run_commands(module, p, cmds, pending)
+    reasons = vh.runtime(module, p, selected, managed, result, warnings)
+    result.update(reboot_required=bool(reasons), reboot_reasons=reasons)
+    result["changed"] = result["changed"] or bool(changed_files or detach or cmds)
+    return vh.diffs(detach, changed_files)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            ids=dict(type="list", elements="str"),
-            include_iommu_group=dict(type="bool", default=True),
-            detach_stopped_vms=dict(type="str", default="none", choices=["none", "hostpci", "onboot", "both"]),
-            vm_status_method=dict(type="str", default="pidfile", choices=["pidfile", "qm"]),
-            node=dict(type="str"),
-            runtime_unbind=dict(type="bool", default=True),
-            regenerate_initramfs=dict(type="bool", default=True),
-            refresh_boot=dict(type="bool", default=True),
-            update_initramfs_cmd=dict(type="list", elements="str"),
-            boot_refresh_cmd=dict(type="list", elements="str"),
-            drop_framebuffer_tokens=dict(type="bool", default=False),
-            remove_nvidia_blacklist=dict(type="bool", default=True),
-            disable_nouveau=dict(type="bool", default=True),
-            vfio_modules=dict(type="str", default="auto", choices=["auto", "keep", "remove"]),
-            backup_dir=dict(type="path", default="/var/backups/kpro-gpu-serving"),
-            sysfs_root=dict(type="path", default="/sys"),
-            etc_root=dict(type="path", default="/etc"),
-            proc_root=dict(type="path", default="/proc"),
-            run_root=dict(type="path", default="/run"),
-            dev_root=dict(type="path", default="/dev"),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    check = module.check_mode
-    sysfs_root, etc_root, proc_root, run_root = p["sysfs_root"], p["etc_root"], p["proc_root"], p["run_root"]
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     warnings = []
-    result = dict(changed=False, selected=[], managed_ids=[], stopped_vms_referencing=[], detached=[], files=[],
-                  remaining_vfio_ids=[], keep_vfio_modules=True, commands=[], removed_dynamic_ids=[], unbound=[],
-                  bound_after={}, runtime_actions=[], runtime_errors=[], reboot_required=False, reboot_reasons=[],
-                  boot_vfio_ids=[], nouveau={"blacklist": None, "loaded": pci.module_loaded(pci.NOUVEAU_DRIVER, sysfs_root),
-                                             "unbound": [], "unloaded": False, "not_probed": []})
-
-    # ------------------------------------------------------------------ selection
+    result = vh.empty_result(module.params["sysfs_root"])
     try:
-        wanted = sorted(bootcfg.norm_ids(p["ids"]))
-    except ValueError as e:
-        module.fail_json(msg="ids: %s" % e, **result)
-    devices = pci.list_devices(sysfs_root)
-    selected = pci.select_gpus(devices, ids=wanted or None, include_group=p["include_iommu_group"])
-    by_bdf = dict((d["bdf"], d) for d in selected)
-    managed = sorted(set(wanted) | set(d["id"] for d in selected))
-    keys = ("bdf", "id", "name", "class_name", "driver", "driver_override", "iommu_group", "selected_by")
-    result["selected"] = [dict((k, d.get(k)) for k in keys) for d in selected]
-    result["managed_ids"] = managed
-    if not managed:
-        module.warn("no NVIDIA display function found under %s/bus/pci/devices and no ids given: nothing to release" % sysfs_root)
-        module.exit_json(**result)
-    if wanted and not selected:
-        warnings.append("no PCI function with id %s is present; only the persistent bindings are cleaned" % ", ".join(wanted))
-
-    # ------------------------------------------------------------------ VMs
-    node = p["node"] or socket.gethostname().split(".")[0]
-    try:
-        mappings = pve_guests.read_pci_mappings(os.path.join(etc_root, "pve", "mapping", "pci.cfg"), node)
-    except (IOError, OSError) as e:
-        module.fail_json(msg="cannot read the PCI resource mappings: %s" % e, **result)
-    vms = pve_guests.find_references(etc_root, [d["bdf"] for d in selected], mappings)
-    if p["vm_status_method"] == "qm":
-        qm = module.get_bin_path("qm", required=True)
-        is_running = pve_guests.make_qm_status_checker(module.run_command, qm)
-    else:
-        def is_running(vmid):
-            return pve_guests.pidfile_running(vmid, run_root, proc_root)
-    reservations = pve_guests.pci_reservations(run_root, proc_root)
-    refusals = []
-    stopped = []
-    for vm in vms:
-        try:
-            running = is_running(vm["vmid"])
-        except pve_guests.GuestError as e:
-            module.fail_json(msg=str(e), **result)
-        reserved = [pid_ for pid_, vmid in reservations.items() if vmid == vm["vmid"]]
-        if running or reserved:
-            for ref in vm["references"]:
-                refusals.append("VM %s (%s) is %s with %s = %s (%s); stop it or remove the device first" % (
-                    vm["vmid"], vm["name"] or "no name", "running" if running else "starting",
-                    ref["key"] if ref["section"] == "main" else "%s [PENDING]" % ref["key"],
-                    ref["value"], _device_label(ref["bdfs"], by_bdf)))
-        else:
-            stopped.append(vm)
-    # reservations by a VM whose config does not reference the device (hand-made qemu start, another node's config)
-    for pciid, vmid in sorted(reservations.items()):
-        hit = [b for b in by_bdf if pve_guests.pciid_covers(pciid, b)]
-        if hit and vmid not in [v["vmid"] for v in vms]:
-            refusals.append("VM %s holds a PCI reservation for %s (%s) in %s/qemu-server/pci-id-reservations; stop it first" % (
-                vmid, pciid, _device_label(hit, by_bdf), run_root))
-    if p["runtime_unbind"]:
-        groups = sorted(set(d["iommu_group"] for d in selected if d["iommu_group"] is not None and d["driver"] == pci.VFIO_DRIVER))
-        for g in groups:
-            holders = pci.vfio_group_holders(g, proc_root, p["dev_root"])
-            if holders:
-                members = [d["bdf"] for d in selected if d["iommu_group"] == g]
-                refusals.append("%s/vfio/%s (IOMMU group %s: %s) is held open by PID %s (a VM or other vfio user); "
-                                "stop it first" % (p["dev_root"], g, g, ", ".join(members), ", ".join(str(x) for x in holders)))
-    if refusals:
-        module.fail_json(msg="refusing to release %s, nothing was changed: %s" % (", ".join(sorted(by_bdf)), "; ".join(refusals)),
-                         refusals=refusals, **result)
-
-    result["stopped_vms_referencing"] = [_public_vm(v) for v in stopped]
-    mode = p["detach_stopped_vms"]
-    diffs = []
-    detach_plan = []
-    for vm in stopped:
-        refs = ", ".join("%s = %s" % (r["key"], r["value"]) for r in vm["references"])
-        if mode == "none":
-            warnings.append("VM %s (%s) is stopped but references the GPUs (%s)%s: it takes them back when it starts; "
-                            "remove the device or set detach_stopped_vms" % (
-                                vm["vmid"], vm["name"] or "no name", refs, " and has onboot: 1" if vm["onboot"] else ""))
-            continue
-        remove_keys = [(r["section"], r["key"]) for r in vm["references"]] if mode in ("hostpci", "both") else []
-        before = _read(vm["path"]) or ""
-        after, changes = pve_guests.detach_text(before, remove_keys, set_onboot_zero=mode in ("onboot", "both"))
-        if mode == "onboot":
-            warnings.append("VM %s (%s) keeps %s: starting it by hand takes the GPUs back" % (vm["vmid"], vm["name"] or "no name", refs))
-        if after != before:
-            detach_plan.append((vm, before, after, remove_keys, changes))
-            diffs.append({"before_header": vm["path"], "after_header": vm["path"], "before": before, "after": after})
-
-    # ------------------------------------------------------------------ files
-    extra_users = _other_vfio_users(etc_root, selected, mappings)
-    try:
-        plan = bootcfg.plan(managed, etc_root, drop_framebuffer_tokens=p["drop_framebuffer_tokens"],
-                            remove_nvidia_blacklist=p["remove_nvidia_blacklist"], vfio_modules=p["vfio_modules"],
-                            extra_vfio_users=bool(extra_users), blacklist_nouveau=p["disable_nouveau"])
-    except (IOError, OSError) as e:
-        module.fail_json(msg="cannot read a boot configuration file: %s" % e, **result)
-    result["remaining_vfio_ids"] = plan["remaining_vfio_ids"]
-    result["nouveau"]["blacklist"] = plan["nouveau_blacklist"]
-    result["keep_vfio_modules"] = plan["keep_vfio_modules"]
-    for f in plan["files"]:
-        for c in f["changes"]:
-            if c["action"] == "warning":
-                warnings.append("%s line %s: %s" % (f["path"], c["line"], c["detail"]))
-    changed_files = [f for f in plan["files"] if f["changed"]]
-    for f in changed_files:
-        diffs.append({"before_header": f["path"], "after_header": f["path"], "before": f["before"], "after": f["after"]})
-
-    marker = os.path.join(p["backup_dir"], PENDING_MARKER)
-    pending = set((_read(marker) or "").split())
-    need_initramfs = p["regenerate_initramfs"] and (plan["initramfs_changed"] or "initramfs" in pending)
-    need_boot = p["refresh_boot"] and (plan["boot_cmdline_changed"] or "boot" in pending)
-    commands = []
-    if need_initramfs:
-        commands.append(("initramfs", p["update_initramfs_cmd"] or ["update-initramfs", "-u", "-k", "all"]))
-    if need_boot:
-        default = (["proxmox-boot-tool", "refresh"] if os.path.exists(os.path.join(etc_root, "kernel", "proxmox-boot-uuids"))
-                   else ["update-grub"])
-        commands.append(("boot", p["boot_refresh_cmd"] or default))
-    result["commands"] = [c for _k, c in commands]
-
-    changed = bool(changed_files or detach_plan or commands)
-
-    # ------------------------------------------------------------------ apply
-    if not check:
-        try:
-            for vm, before, _after, remove_keys, _changes in detach_plan:
-                with pve_guests.ConfigLock(vm["vmid"], os.path.join(run_root, "lock", "qemu-server")):
-                    if is_running(vm["vmid"]):
-                        module.fail_json(msg="VM %s (%s) started while this ran; nothing more was changed: stop it and re-run" % (
-                            vm["vmid"], vm["name"]), **result)
-                    current = _read(vm["path"]) or ""
-                    new, changes = pve_guests.detach_text(current, remove_keys, set_onboot_zero=mode in ("onboot", "both"))
-                    backup = pve_guests.backup_file(vm["path"], p["backup_dir"])
-                    pve_guests.atomic_write(vm["path"], new.encode("utf-8", "surrogateescape"), preserve_mode=False)
-                result["detached"].append({"vmid": vm["vmid"], "path": vm["path"], "changes": changes, "backup": backup})
-            kinds = set(k for k, _c in commands)
-            if kinds:
-                os.makedirs(p["backup_dir"], 0o700, exist_ok=True)
-                with open(marker, "w") as fh:
-                    fh.write("\n".join(sorted(kinds | pending)) + "\n")
-            for f in changed_files:
-                backup = pve_guests.backup_file(f["path"], p["backup_dir"]) if os.path.exists(f["path"]) else None
-                pve_guests.atomic_write(f["path"], f["after"].encode("utf-8", "surrogateescape"), preserve_mode=True)
-                result["files"].append({"path": f["path"], "kind": f["kind"], "backup": backup, "changes": f["changes"]})
-        except (IOError, OSError, pve_guests.GuestError) as e:
-            module.fail_json(msg="writing failed: %s" % e, **result)
-        for kind, cmd in commands:
-            argv = list(cmd)
-            if not os.path.isabs(argv[0]):
-                found = module.get_bin_path(argv[0])
-                if not found:
-                    module.fail_json(msg="%s not found: install it, or set %s" % (
-                        argv[0], "update_initramfs_cmd" if kind == "initramfs" else "boot_refresh_cmd"), **result)
-                argv[0] = found
-            rc, out, err = module.run_command(argv)
-            if rc != 0:
-                module.fail_json(msg="%s failed (rc=%s); the files are changed, re-run to retry: %s" % (
-                    " ".join(cmd), rc, (err or out).strip()[-2000:]), rc=rc, stdout=out, stderr=err, **result)
-            pending.discard(kind)
-        if commands:
-            left = pending - set(k for k, _c in commands)
-            if left:
-                with open(marker, "w") as fh:
-                    fh.write("\n".join(sorted(left)) + "\n")
-            elif os.path.exists(marker):
-                os.unlink(marker)
-    else:
-        result["detached"] = [{"vmid": vm["vmid"], "path": vm["path"], "changes": ch, "backup": None}
-                              for vm, _b, _a, _k, ch in detach_plan]
-        result["files"] = [{"path": f["path"], "kind": f["kind"], "backup": None, "changes": f["changes"]} for f in changed_files]
-
-    # ------------------------------------------------------------------ runtime
-    reasons = _runtime(module, p, selected, managed, result, warnings)
-    result["reboot_required"] = bool(reasons)
-    result["reboot_reasons"] = reasons
-    result["changed"] = result["changed"] or changed
+        diffs = release(module, module.params, result, warnings)
+    except Failure as e:
+        fail(module, e, **result)
     if module._diff and diffs:
         result["diff"] = diffs
     for w in warnings:

@@ -51,3 +51,8 @@ def test_install_argv_keeps_recommends_and_config_files_out():
     argv = debpkg.install_argv("/usr/bin/apt-get", ["dkms"])
     assert argv[:2] == ["/usr/bin/apt-get", "install"] and "--no-install-recommends" in argv
     assert "Dpkg::Options::=--force-confold" in argv and argv[-1] == "dkms"
+
+
+def test_apt_failed_keeps_the_end_of_apts_output():
+    f = debpkg.apt_failed("install", ["a", "b"], 100, "\n".join("line %d" % i for i in range(20)))
+    assert f.phase == "apt_failed" and "rc 100" in f.msg and f.evidence == ["line %d" % i for i in range(10, 20)]

@@ -438,6 +438,6 @@ def test_module_fails_before_writing_and_names_the_packages(tmp_path, monkeypatc
                              api_host="127.0.0.1", api_token_id="ansible", api_token_secret="x",
                              backup_dir=str(tmp_path / "bk"), lock_dir=str(tmp_path / "lock")))
     msg = e.value.result["msg"]
-    assert msg.startswith("the proxmoxer Python library is missing or unusable on the target")
+    assert msg.startswith("library_missing: the proxmoxer Python library is missing or unusable on the target")
     assert "No module named 'proxmoxer'" in msg and "`apt-get install python3-proxmoxer python3-requests`" in msg
     assert conf.read_bytes() == before and not (tmp_path / "bk").exists()

@@ -112,3 +112,10 @@ def test_pynvml_preferred(roots, monkeypatch, smi):
     r = run(roots)
     assert r["source"] == "pynvml" and smi[1] == []
     assert [g["bdf"] for g in r["gpus"] if "nvml" in g] == [GPU1]
+
+
+def test_phase_bad_input_for_ids_that_are_not_pci_ids(roots):
+    with pytest.raises(AnsibleFailJson) as e:
+        run_module(gpu_facts, dict(roots, nvml=False, vendor_device_ids=["A6000"]))
+    r = e.value.result
+    assert r["phase"] == "bad_input" and r["msg"].startswith("bad_input: vendor_device_ids") and r["remedy"]

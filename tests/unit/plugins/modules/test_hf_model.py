@@ -435,3 +435,23 @@ def test_patterns_selecting_nothing_fail_with_a_cached_listing(clean, tmp_path):
     run(args_for(hub, model, allow_patterns=["config.json"]))
     r = run_fail(args_for(hub, model, allow_patterns=["*.gguf"]))
     assert "no file of" in r["msg"] and "*.gguf" in r["msg"]
+
+
+# --- the failure contract (failure.py): every known failure of a download names its phase ------------------------
+def test_phases_of_a_download(clean, tmp_path, monkeypatch):
+    hub = clean
+    model = tmp_path / "model"
+    r = run_fail(args_for(hub, model, allow_patterns=["*.gguf"]))
+    assert r["phase"] == "model_input"
+    r = run_fail(args_for(hub, model, revision="no-such-branch", allow_patterns=["*.json"]))
+    assert r["phase"] == "model_unavailable" and r["msg"].startswith("model_unavailable: ")
+    hub.ctl("file=config.json&status=500&status_count=10")
+    r = run_fail(args_for(hub, model, allow_patterns=["config.json"]))
+    assert r["phase"] == "download_failed" and "re-run resumes" in r["msg"]
+    hub.ctl("reset=true")
+    monkeypatch.setattr(hf, "free_bytes", lambda path: 1)
+    r = run_fail(args_for(hub, tmp_path / "other", allow_patterns=["*.json"]))
+    assert r["phase"] == "model_no_space"
+    monkeypatch.setattr(hf, "HAS_HF", False)
+    r = run_fail(args_for(hub, tmp_path / "third", allow_patterns=["*.json"]))
+    assert r["phase"] == "library_missing" and "huggingface_hub" in r["msg"]

@@ -447,3 +447,31 @@ def test_locked_container_with_a_change_still_fails(env):
     h = digest(env)
     r = failed(args(env, dev_mode="0660"))
     assert "CT 129 is locked (lock: backup)" in r["msg"] and "nothing was written" in r["msg"] and digest(env) == h
+
+
+# ------------------------------------------------------------------ the failure contract (failure.py)
+
+
+@pytest.mark.parametrize("phase", ["bad_input", "device_missing", "ct_locked", "ct_config_refused", "pve_api_error", "library_missing"])
+def test_each_known_failure_names_its_phase(env, monkeypatch, phase):
+    a = args(env)
+    if phase == "bad_input":
+        a = args(env, dev_mode="666")
+    elif phase == "device_missing":
+        a = args(env, devices=["/dev/nvidia7"], dev_root=str(env), require_nodes=True)
+    elif phase == "ct_locked":
+        locked_converged(env)
+        a = args(env, dev_mode="0660")
+    elif phase == "ct_config_refused":
+        a = args(env, vmid=999)  # no such CT
+    else:  # restart=true through the API: proxmoxer is missing, or the API refuses the credentials
+        from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+        monkeypatch.setattr(pa, "HAS_PROXMOXER", phase != "library_missing")
+
+        def denied(*a, **k):
+            raise pa.ProxmoxApiError("401 Unauthorized: authentication failure")
+        monkeypatch.setattr(pa, "connect", denied)
+        a = args(env, restart=True, api_host="10.213.5.2", api_token_id="ansible", api_token_secret="x")
+    h = digest(env)
+    r = failed(a)
+    assert r["phase"] == phase and r["msg"].startswith(phase + ": ") and "evidence" in r and digest(env) == h, r

@@ -81,3 +81,17 @@ def test_fetched_download_needs_checksum(tmp_path):
     r, failed = result(dict(version="580.126.09", state="fetched", download_dir=str(tmp_path),
                             installer_url="http://127.0.0.1:9/x.run"))
     assert failed and r["failure"] == "checksum_mismatch" and "installer_checksum is required" in r["msg"]
+
+
+# --- the failure contract: RV(phase) is the vocabulary's name (failure.py); RV(failure) keeps the old one
+
+@pytest.mark.parametrize("phase", ["bad_version", "bad_checksum", "checksum_mismatch", "installer_missing", "installer_version"])
+def test_phase_of_an_installer_failure(tmp_path, phase):
+    path, digest = installer(tmp_path)
+    a = dict(version="580.126.09", state="fetched", installer_path=str(path), installer_checksum=digest)
+    a.update({"bad_version": dict(version="580"), "bad_checksum": dict(installer_checksum="md5:0123"),
+              "checksum_mismatch": dict(installer_checksum="sha256:" + "0" * 64),
+              "installer_missing": dict(installer_path=str(tmp_path / "nope.run")),
+              "installer_version": dict(version="580.126")}[phase])
+    r, failed = result(a)
+    assert failed and r["phase"] == phase == r["failure"] and r["msg"].startswith(phase + ": ") and "steps" in r

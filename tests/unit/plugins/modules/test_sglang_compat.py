@@ -88,3 +88,12 @@ def test_bad_override_value_and_unknown_rule():
 def test_invalid_version():
     res = refused({"version": "latest", "architecture": ARCH, "tp": 2})
     assert "PEP 440" in res["msg"] or "not a PEP 440" in res["message"]
+
+
+def test_failures_name_their_phase():
+    res = refused({"version": "0.5.11", "architecture": ARCH, "tp": 2, "overrides": {"x": "maybe"}})
+    assert res["phase"] == "bad_input"
+    res = refused({"version": "latest", "architecture": ARCH, "tp": 2})
+    assert res["phase"] == "bad_version" and res["action"] == "refuse" and "PEP 440" in res["remedy"]
+    res = refused({"version": "0.5.10", "architecture": ARCH, "tp": 2})
+    assert res["phase"] == "known_bad_version" and res["evidence"] and "Remedy:" in res["msg"]

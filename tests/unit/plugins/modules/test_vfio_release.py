@@ -490,3 +490,41 @@ def test_absent_ids_only_clean_the_files(host):
 def test_bad_id_is_a_clear_error(host):
     r = run(dict(host.args, ids=["nvidia"]))
     assert r.get("failed") and "ids:" in r["msg"]
+
+
+# --- the failure contract (failure.py): each known failure names its phase, with evidence and a remedy where one helps
+
+def test_phase_bad_input_for_ids_that_are_not_pci_ids(host):
+    r = run(dict(host.args, ids=["nvidia"]))
+    assert r["phase"] == "bad_input" and r["msg"].startswith("bad_input: ids:") and "10de:2230" in r["remedy"]
+
+
+def test_phase_gpu_in_use_lists_each_refusal_as_evidence(host):
+    start_vm(host, 105, 4242)
+    r = run(host.args)
+    assert r["phase"] == "gpu_in_use" and r["refusals"] == r["evidence"] and "VM 105" in r["evidence"][0]
+    assert "Stop the VMs" in r["remedy"] and "Remedy:" in r["msg"]
+
+
+def test_phase_host_config_unreadable_when_the_pci_mappings_cannot_be_read(host):
+    cfg = os.path.join(host.etc, "pve", "mapping", "pci.cfg")
+    os.unlink(cfg)
+    os.makedirs(cfg)  # a directory where the file should be: EISDIR
+    r = run(host.args)
+    assert r["phase"] == "host_config_unreadable" and "PCI resource mappings" in r["msg"]
+
+
+def test_phase_host_write_failed(host, monkeypatch):
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_guests
+
+    def refuse(path, data, preserve_mode=True):
+        raise OSError(errno.EROFS, "Read-only file system", path)
+    monkeypatch.setattr(pve_guests, "atomic_write", refuse)
+    r = run(host.args)
+    assert r["phase"] == "host_write_failed" and "Read-only file system" in r["msg"]
+
+
+def test_phase_boot_refresh_failed_keeps_rc_and_output(host):
+    open(os.path.join(host.root, "fail"), "w").close()
+    r = run(host.args)
+    assert r["phase"] == "boot_refresh_failed" and r["rc"] != 0 and "stderr" in r

@@ -1,0 +1,132 @@
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The failure contract: one vocabulary (failure.py), listed in docs/troubleshooting.md, each phase produced by a test."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_log
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+UNIT = os.path.join(REPO, "tests", "unit")
+SGLANG_LOGS = os.path.join(UNIT, "fixtures", "sglang_logs")
+M, U = "plugins/modules/", "plugins/module_utils/"
+
+# phase -> the test that produces it (tests/unit/<file>::<function>)
+PHASE_TESTS = {
+    "ready": U + "test_sglang_log.py::test_ready_needs_the_weights_on_every_gpu",
+    "loading": U + "test_sglang_log.py::test_not_started_and_just_started",
+    "not_started": U + "test_sglang_log.py::test_not_started_and_just_started",
+    "init_failed_before_gpu": U + "test_sglang_log.py::test_init_failed_before_gpu_gives_this_launchs_exception",
+    "weights_oom": U + "test_sglang_log.py::test_weights_oom_names_other_processes",
+    "kv_cache_oom": U + "test_sglang_log.py::test_seed_kv_cache_oom_remedy_has_numbers_and_flags",
+    "nccl_error": U + "test_sglang_log.py::test_nccl_remedy_and_p2p",
+    "cuda_graph_failed": U + "test_sglang_log.py::test_any_failure_after_graph_capture_began_is_cuda_graph_failed",
+    "port_in_use": U + "test_sglang_log.py::test_port_in_use_after_full_load_in_sglang_format",
+    "warmup_failed": U + "test_sglang_log.py::test_fixture_gets_its_expected_phase",
+    "degenerate_output": U + "test_sglang_log.py::test_degenerate_smoke_output_names_speculative_decoding",
+    "gpu_memory_held": U + "test_sglang_log.py::test_pre_launch_phases",
+    "version_mismatch": U + "test_nvidia_host.py::test_verify_names_why_nvml_is_not_right",
+    "known_bad_version": M + "test_sglang_compat.py::test_failures_name_their_phase",
+    "timeout": U + "test_sglang_log.py::test_timeout_slow_load_vs_hang",
+    "bad_input": M + "test_vfio_release.py::test_phase_bad_input_for_ids_that_are_not_pci_ids",
+    "bad_version": M + "test_sglang_compat.py::test_failures_name_their_phase",
+    "bad_checksum": M + "test_nvidia_driver.py::test_phase_of_an_installer_failure",
+    "checksum_mismatch": M + "test_nvidia_driver.py::test_phase_of_an_installer_failure",
+    "installer_missing": M + "test_nvidia_driver.py::test_phase_of_an_installer_failure",
+    "installer_version": M + "test_nvidia_driver.py::test_phase_of_an_installer_failure",
+    "installer_failed": U + "test_nvidia_host.py::test_phase_installer_failed",
+    "headers_unavailable": U + "test_nvidia_host.py::test_phase_headers_unavailable_without_install_headers",
+    "secure_boot_unsigned_module": U + "test_nvidia_host.py::test_phase_secure_boot_unsigned_module",
+    "driver_not_loaded": U + "test_nvidia_host.py::test_verify_names_why_nvml_is_not_right",
+    "nvml_unavailable": U + "test_nvidia_host.py::test_verify_names_why_nvml_is_not_right",
+    "gpu_mismatch": U + "test_nvidia_host.py::test_phase_gpu_mismatch",
+    "gpu_in_use": M + "test_vfio_release.py::test_phase_gpu_in_use_lists_each_refusal_as_evidence",
+    "host_config_unreadable": M + "test_vfio_release.py::test_phase_host_config_unreadable_when_the_pci_mappings_cannot_be_read",
+    "host_write_failed": M + "test_vfio_release.py::test_phase_host_write_failed",
+    "boot_refresh_failed": M + "test_vfio_release.py::test_phase_boot_refresh_failed_keeps_rc_and_output",
+    "ct_config_refused": M + "test_lxc_gpu_passthrough.py::test_each_known_failure_names_its_phase",
+    "ct_locked": M + "test_lxc_gpu_passthrough.py::test_each_known_failure_names_its_phase",
+    "device_missing": M + "test_lxc_gpu_passthrough.py::test_each_known_failure_names_its_phase",
+    "pve_api_error": M + "test_lxc_gpu_passthrough.py::test_each_known_failure_names_its_phase",
+    "packages_unavailable": M + "test_deb_packages.py::test_unavailable_after_refresh_fails_before_installing_with_the_repository",
+    "apt_failed": U + "test_debpkg.py::test_apt_failed_keeps_the_end_of_apts_output",
+    "library_missing": M + "test_hf_model.py::test_phases_of_a_download",
+    "model_input": M + "test_hf_model.py::test_token_file_consumed_and_bad_local_dir_refused",
+    "model_token": U + "test_hf.py::test_token_file_read_and_removed",
+    "model_locked": U + "test_hf.py::test_dir_lock_one_holder_named_and_released",
+    "model_unavailable": M + "test_hf_model.py::test_phases_of_a_download",
+    "model_no_space": M + "test_hf_model.py::test_phases_of_a_download",
+    "download_failed": M + "test_hf_model.py::test_phases_of_a_download",
+    "download_died": M + "test_hf_model.py::test_watch_mode_result_running_and_died",
+}
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def test_the_vocabulary_has_one_meaning_per_phase_and_no_duplicates():
+    assert len(failure.ALL_PHASES) == len(set(failure.ALL_PHASES)) == len(failure.VOCABULARY)
+    assert all(meaning and "\n" not in meaning for meaning in failure.VOCABULARY.values())
+    assert sglang_log.PHASES is failure.PHASES and sglang_log.TERMINAL_PHASES is failure.TERMINAL_PHASES
+
+
+def test_every_phase_is_in_the_troubleshooting_guide():
+    doc = _read(os.path.join(REPO, "docs", "troubleshooting.md"))
+    missing = [p for p in failure.ALL_PHASES if not re.search(r"`%s`" % re.escape(p), doc)]
+    assert missing == [], "add these phases to docs/troubleshooting.md: %s" % missing
+
+
+def test_every_phase_has_a_test_that_produces_it():
+    assert sorted(PHASE_TESTS) == sorted(failure.ALL_PHASES)
+    fixtures = "".join(_read(os.path.join(SGLANG_LOGS, f)) for f in os.listdir(SGLANG_LOGS) if f.endswith(".log"))
+    for phase, test_id in sorted(PHASE_TESTS.items()):
+        path, func = test_id.split("::")
+        text = _read(os.path.join(UNIT, path))
+        assert re.search(r"^def %s\(" % func, text, re.M), "%s: no test %s" % (phase, test_id)
+        # the test file asserts this phase by name (or, for the log fixtures, a fixture expects it)
+        assert '"%s"' % phase in text or "# expected_phase: %s" % phase in fixtures, "%s: %s never names it" % (phase, test_id)
+
+
+# Failure("<phase>", ...), XError(..., phase="<phase>"), kind/phase literals handed to a failure
+_PHASE_LITERALS = (re.compile(r'\bFailure\(\s*"([a-z_]+)"'), re.compile(r'\bphase="([a-z_]+)"'), re.compile(r'self\.fail\(\s*"([a-z_]+)"'),
+                   re.compile(r'PHASE = "([a-z_]+)"'), re.compile(r'InstallerError\(\s*"([a-z_]+)"'), re.compile(r'phase = "([a-z_]+)"'))
+
+
+def test_every_phase_named_in_the_plugins_is_in_the_vocabulary():
+    found = {}
+    for folder in ("modules", "module_utils"):
+        base = os.path.join(REPO, "plugins", folder)
+        for name in sorted(os.listdir(base)):
+            if name.endswith(".py"):
+                text = _read(os.path.join(base, name))
+                for rx in _PHASE_LITERALS:
+                    for phase in rx.findall(text):
+                        found.setdefault(phase, "%s/%s" % (folder, name))
+    unknown = dict((p, where) for p, where in found.items() if p not in failure.VOCABULARY)
+    assert len(found) > 30 and unknown == {}, "add these phases to failure.py: %s" % unknown
+
+
+def test_fail_gives_phase_msg_evidence_remedy_and_details():
+    seen = {}
+
+    class Module(object):
+        def fail_json(self, **kw):
+            seen.update(kw)
+    failure.fail(Module(), failure.Failure("gpu_in_use", "held", remedy="stop it", evidence=["VM 1"], refusals=["VM 1"]), changed=False)
+    assert seen == {"changed": False, "phase": "gpu_in_use", "msg": "gpu_in_use: held Remedy: stop it", "evidence": ["VM 1"],
+                    "remedy": "stop it", "refusals": ["VM 1"]}
+
+
+def test_error_types_of_module_utils_are_failures_with_a_phase():
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config, nvidia_installer, proxmox_api, pve_guests
+    assert lxc_config.LxcConfigError("x").phase == "ct_config_refused"
+    assert lxc_config.LxcConfigError("x", phase="ct_locked").phase == "ct_locked"
+    assert proxmox_api.ProxmoxTaskError("x", status="stopped").phase == "pve_api_error"
+    assert pve_guests.GuestError("x").phase == "host_config_unreadable"
+    assert nvidia_installer.InstallerError("bad_version", "x").phase == "bad_version"

@@ -1,0 +1,79 @@
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""nvidia_host.Driver's named failures, each raised as a Failure with its phase (failure.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_host as nh
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+
+PARAMS = dict(version="580.126.09", mode="host", state="present", installer_path=None, installer_url=None,
+              installer_checksum=None, download_dir="/nonexistent", kernel_module_type="open", dkms=True,
+              install_headers=False, persistenced=True, device_nodes_unit=True, expected_gpu_count=None,
+              expected_gpu_name=None, module_signing_key=None, module_signing_cert=None, proc_root="/nonexistent/proc",
+              efivars_dir="/nonexistent/efivars", systemd_dir="/nonexistent/systemd", timeout=10)
+
+
+class FakeModule(object):
+    check_mode = False
+
+    def __init__(self, rc=0, **params):
+        self.params = dict(PARAMS, **params)
+        self.rc = rc
+        self.ran = []
+
+    def run_command(self, argv, environ_update=None):
+        self.ran.append(argv)
+        return self.rc, "", "boom"
+
+    def get_bin_path(self, name, required=False):
+        return None
+
+
+def raised(fn, *args):
+    with pytest.raises(Failure) as e:
+        fn(*args)
+    return e.value
+
+
+GPU = {"name": "NVIDIA RTX A6000"}
+
+
+@pytest.mark.parametrize("facts,phase,failure", [
+    ({"available": False, "reason": "driver_not_loaded", "msg": "not loaded"}, "driver_not_loaded", "driver_not_loaded"),
+    ({"available": False, "reason": "no_permission", "msg": "EPERM"}, "nvml_unavailable", "no_permission"),
+    ({"available": True, "driver_version": "575.57.08", "gpus": [GPU]}, "version_mismatch", "version_mismatch"),
+])
+def test_verify_names_why_nvml_is_not_right(facts, phase, failure):
+    d = nh.Driver(FakeModule())
+    d.version = "580.126.09"
+    e = raised(d.verify, facts)
+    assert e.phase == phase and e.details["failure"] == failure and e.details["nvml"] == facts
+
+
+def test_phase_gpu_mismatch():
+    d = nh.Driver(FakeModule(expected_gpu_count=2))
+    d.version = "580.126.09"
+    e = raised(d.verify, {"available": True, "driver_version": "580.126.09", "gpus": [GPU]})
+    assert e.phase == "gpu_mismatch" and "expected 2" in e.msg
+
+
+def test_phase_headers_unavailable_without_install_headers():
+    e = raised(nh.Driver(FakeModule()).ensure_headers, "0.0.0-no-such-kernel")
+    assert e.phase == "headers_unavailable" and "proxmox-headers-0.0.0-no-such-kernel" in e.msg
+
+
+def test_phase_installer_failed(monkeypatch):
+    monkeypatch.setattr(nh.Driver, "installer", lambda self: "/nonexistent/NVIDIA.run")
+    d = nh.Driver(FakeModule(rc=1))
+    e = raised(d.run_installer, "host")
+    assert e.phase == "installer_failed" and "rc=1" in e.msg and d.log[-1]["rc"] == 1
+
+
+def test_phase_secure_boot_unsigned_module(monkeypatch):
+    monkeypatch.setattr(nh.ni, "plan_host", lambda *a: ("install", "no driver"))
+    monkeypatch.setattr(nh.ni, "secure_boot_enabled", lambda efivars: True)
+    e = raised(nh.Driver(FakeModule()).host)
+    assert e.phase == "secure_boot_unsigned_module" and "Secure Boot" in e.msg
