@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-BIN = os.path.join(REPO, ".venv", "bin")
-LABCTL = os.path.join(REPO, "tests", "lab", "labctl.py")
+import benchlab
+from benchlab import BIN, REPO
+
 INVENTORY = os.path.join(REPO, "inventories", "lab")
 
 
@@ -44,8 +45,9 @@ def write_play(path, tasks):
 
 
 def run_play(play, target, extra=None):
+    # a fresh control path directory: the run opens its shared SSH connections itself (ssh and pct alike)
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_SSH_CONTROL_PATH_DIR=tempfile.mkdtemp(prefix="kpgs-bench-cp-"))
+               ANSIBLE_SSH_CONTROL_PATH_DIR=tempfile.mkdtemp(prefix="cp-", dir=os.path.dirname(play)))
     argv = [os.path.join(BIN, "ansible-playbook"), "-i", INVENTORY, play, "-e", "bench_target=%s" % target]
     for k, v in (extra or {}).items():
         argv += ["-e", "%s=%s" % (k, v)]
@@ -65,37 +67,38 @@ def main(argv=None):
     ap.add_argument("--unshared", action="store_true", help="also measure pct with pct_control_persist=no")
     ap.add_argument("--keep", action="store_true", help="leave the lab up")
     args = ap.parse_args(argv)
-    started = subprocess.run([os.path.join(BIN, "python"), LABCTL, "status"], stdout=subprocess.DEVNULL, check=False).returncode != 0
-    if started:
-        subprocess.run([os.path.join(BIN, "python"), LABCTL, "up"], check=True, stdout=subprocess.DEVNULL)
     tmp = tempfile.mkdtemp(prefix="kpgs-bench-pct-")
     try:
-        full, empty = os.path.join(tmp, "tasks.yml"), os.path.join(tmp, "empty.yml")
-        write_play(full, args.tasks)
-        write_play(empty, 0)
-        rows = [("pct (ct129)", "ct129", {}), ("ssh (kpro5)", "kpro5", {})]
-        if args.unshared:
-            rows.append(("pct, no shared connection", "ct129", {"pct_control_persist": "no"}))
-        times = {label: [] for label, _t, _e in rows}
-        base = []
-        for dummy in range(args.runs):
-            base.append(run_play(empty, "kpro5"))
-            for label, target, extra in rows:
-                times[label].append(run_play(full, target, extra))
-        b = statistics.median(base)
-        print("empty play (ansible start-up): median %.2f s over %d runs" % (b, args.runs))
-        per = {}
-        for label, _t, _e in rows:
-            m = statistics.median(times[label])
-            per[label] = (m - b) / args.tasks
-            print("%-28s %d stat tasks: median %.2f s (%s) -> %.3f s per task"
-                  % (label, args.tasks, m, ", ".join("%.2f" % t for t in times[label]), per[label]))
-        ratio = per["pct (ct129)"] / per["ssh (kpro5)"]
-        print("per-task cost, pct / ssh: %.2fx (aim: <= 1.2x)" % ratio)
-        return 0
+        with benchlab.lab_up(args.keep):
+            return measure(args, tmp)
     finally:
-        if started and not args.keep:
-            subprocess.run([os.path.join(BIN, "python"), LABCTL, "down"], stdout=subprocess.DEVNULL, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(args, tmp):
+    full, empty = os.path.join(tmp, "tasks.yml"), os.path.join(tmp, "empty.yml")
+    write_play(full, args.tasks)
+    write_play(empty, 0)
+    rows = [("pct (ct129)", "ct129", {}), ("ssh (kpro5)", "kpro5", {})]
+    if args.unshared:
+        rows.append(("pct, no shared connection", "ct129", {"pct_control_persist": "no"}))
+    times = {label: [] for label, _t, _e in rows}
+    base = []
+    for dummy in range(args.runs):
+        base.append(run_play(empty, "kpro5"))
+        for label, target, extra in rows:
+            times[label].append(run_play(full, target, extra))
+    b = statistics.median(base)
+    print("empty play (ansible start-up): median %.2f s over %d runs" % (b, args.runs))
+    per = {}
+    for label, _t, _e in rows:
+        m = statistics.median(times[label])
+        per[label] = (m - b) / args.tasks
+        print("%-28s %d stat tasks: median %.2f s (%s) -> %.3f s per task"
+              % (label, args.tasks, m, ", ".join("%.2f" % t for t in times[label]), per[label]))
+    ratio = per["pct (ct129)"] / per["ssh (kpro5)"]
+    print("per-task cost, pct / ssh: %.2fx (aim: <= 1.2x)" % ratio)
+    return 0
 
 
 if __name__ == "__main__":
