@@ -288,8 +288,8 @@ notes:
     fails (container not running, no such container, C(pct) missing) or C(ssh) cannot reach or log in to the host, the
     task fails as unreachable with C(pct)'s or C(ssh)'s message.
   - The shared connection is authenticated once, when it is opened, with the settings of the first task that opens it;
-    the socket's name covers the host, port, user, key, known_hosts file and host key checking, so different settings
-    get different connections. The C(reset_connection) meta task closes it.
+    the socket's name covers the host, port, user, key, known_hosts file (and its version) and host key checking, so
+    different settings get different connections. The C(reset_connection) meta task closes it.
   - To reach the container directly instead (its own SSH server), set C(ansible_connection=ssh) and its address as
     C(ansible_host); nothing else changes.
 """
@@ -406,11 +406,19 @@ class Connection(ConnectionBase):
 
     def _control_path(self):
         """One shared connection per host, port, user and authentication settings (a different key or known_hosts
-        file must not reuse a connection opened with other settings)."""
+        file must not reuse a connection opened with other settings). The known_hosts file's identity is part of it:
+        a connection whose host key was checked against an earlier version of the file (a rebuilt host, a lab
+        brought up again) is not reused."""
+        try:
+            st = os.stat(self._known_hosts())
+            known_hosts_id = "%d:%d:%d" % (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            known_hosts_id = "-"
         ident = "\0".join(to_text(v) for v in (
             self._host(), self.get_option("pct_port"), self.get_option("pct_user"), self._key_file() or "",
-            self._known_hosts(), self.get_option("pct_host_key_checking"), self.get_option("pct_ssh_common_args") or "",
-            self.get_option("pct_password") is not None, self.get_option("pct_ssh_executable")))
+            self._known_hosts(), known_hosts_id, self.get_option("pct_host_key_checking"),
+            self.get_option("pct_ssh_common_args") or "", self.get_option("pct_password") is not None,
+            self.get_option("pct_ssh_executable")))
         return os.path.join(self._control_dir(), "pct-" + hashlib.sha256(to_bytes(ident)).hexdigest()[:16])
 
     def _ssh_base(self):

@@ -193,6 +193,10 @@ def test_shared_connection_per_host_and_settings(ssh, tmp_path):
     assert control_path(pct_known_hosts_file=str(tmp_path / "empty")) != base
     assert control_path(pct_host_key_checking=False) != base
     assert control_path(pct_user="admin") != base and control_path(pct_host="10.213.5.3") != base
+    # a new version of the known_hosts file (a rebuilt host, the lab brought up again): a new connection
+    (tmp_path / "known_hosts").write_text("10.213.5.2 ssh-ed25519 AAAA\n")
+    written = control_path()
+    assert written != base and control_path() == written
 
 
 def test_control_persist_no_is_a_connection_per_command(ssh, tmp_path):
