@@ -29,11 +29,11 @@ import benchlab
 from benchlab import BIN, REPO
 
 
-def play():
+def play(extra_vars=()):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     t = time.time()
     r = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", os.path.join(REPO, "inventories", "lab"),
-                        os.path.join(REPO, "playbooks", "migrate-kpro6-to-kpro5.yml")],
+                        os.path.join(REPO, "playbooks", "migrate-kpro6-to-kpro5.yml")] + ["-e%s" % e for e in extra_vars],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO, check=False)
     return time.time() - t, r
 
@@ -47,20 +47,22 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="leave the lab up")
+    ap.add_argument("-e", "--extra-vars", action="append", default=[],
+                    help="passed to ansible-playbook, e.g. -e pct_control_persist=no (a new SSH connection per task in CT 129)")
     args = ap.parse_args(argv)
     with benchlab.lab_up(args.keep):
-        return measure(args.runs)
+        return measure(args.runs, args.extra_vars)
 
 
-def measure(runs):
-    secs, r = play()
+def measure(runs, extra_vars=()):
+    secs, r = play(extra_vars)
     if r.returncode != 0:
         print(r.stdout[-4000:])
         return 1
     print("converge (not measured): %.1f s" % secs)
     times = []
     for i in range(runs):
-        secs, r = play()
+        secs, r = play(extra_vars)
         rc = recaps(r.stdout)
         tasks = len(re.findall(r"^TASK \[", r.stdout, re.M))
         print("run %d: %.1f s, %d tasks, %s" % (i + 1, secs, tasks,
