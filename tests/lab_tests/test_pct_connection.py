@@ -1,11 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""kpro.gpu_serving.pct for real: paramiko to the lab node kpro5, then `pct exec 129`.
+"""kpro.gpu_serving.pct for real: OpenSSH to the lab node kpro5 (one shared connection), then `pct exec 129`.
 
 Needs the lab with container 129 (skips when `pct status 129` does not say running). Runs the
 real ansible CLI with and without pipelining: ping, a tricky command, copy (put_file), fetch
-(fetch_file), check of the host-key policy (an empty known_hosts is refused).
+(fetch_file), check of the host-key policy (an empty known_hosts is refused), the standard
+connection variables (ansible_user, ansible_private_key_file) and the shared connection.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def inventory(root, **extra):
             "pct_known_hosts_file": os.path.join(SSH_DIR, "known_hosts"),
             "ansible_python_interpreter": "/usr/bin/python3"}
     host.update(extra)
+    host = {k: v for k, v in host.items() if v is not None}
     path = root / ("inv-%d.json" % len(os.listdir(str(root))))
     path.write_text(json.dumps({"all": {"hosts": {"ct129": host}}}))
     return str(path)
@@ -65,6 +67,21 @@ def test_ping_command_copy_fetch(ct, pipelining):
     assert back.read_bytes() == src.read_bytes()
     # it really is the container: its own hostname, not the node's
     assert "kpro5" not in ansible(inv, "ansible.builtin.command", "cat /etc/hostname").stdout.split(">>")[-1]
+
+
+def test_standard_variables_and_one_shared_connection(ct):
+    cp = ct / "cp"
+    inv = inventory(ct, pct_user=None, pct_private_key_file=None, ansible_user="root",
+                    ansible_private_key_file=os.path.join(SSH_DIR, "id_ed25519"), pct_control_path_dir=str(cp))
+    assert "kpro5" not in ansible(inv, "ansible.builtin.command", "cat /etc/hostname").stdout.split(">>")[-1]
+    sockets = [p for p in os.listdir(str(cp)) if p.startswith("pct-")]
+    assert len(sockets) == 1
+    # the next task goes through the same SSH connection: the master is still there and answers
+    ansible(inv, "ansible.builtin.ping")
+    r = subprocess.run(["ssh", "-o", "ControlPath=" + str(cp / sockets[0]), "-O", "check", "10.213.5.2"],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    subprocess.run(["ssh", "-o", "ControlPath=" + str(cp / sockets[0]), "-O", "exit", "10.213.5.2"], capture_output=True, check=False)
 
 
 def test_unknown_host_key_is_refused(ct):
