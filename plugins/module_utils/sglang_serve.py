@@ -19,40 +19,24 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 import time
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_restart as sr
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, read_text
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import read_launch_header
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_plan import load_json, plan as memory_plan
 
 
-def read_text(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except (IOError, OSError):
-        return None
-
-
 def write_atomic(path, text, mode, dir_mode=0o755):
-    """Replace ``path`` with ``text`` (mode ``mode`` exactly) through a temporary file and a rename."""
+    """Replace ``path`` with ``text``, its mode exactly ``mode`` (fileio.atomic_write, the collection's one writer),
+    creating its directory first."""
     d = os.path.dirname(path)
     if not os.path.isdir(d):
         os.makedirs(d, dir_mode)
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=d)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.rename(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, text.encode("utf-8"), mode=MODE_DEFAULT, default_mode=mode, unique_tmp=True)
 
 
 def model_weights_index(model_dir):
