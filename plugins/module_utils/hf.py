@@ -467,6 +467,16 @@ def human(n):
     return "%d B" % n  # pragma: no cover
 
 
+def progress_line(prog):
+    """One line of a running download for the playbook's output: bytes, percent, rate, files, ETA."""
+    if not prog or not prog.get("bytes_total"):
+        return "starting"
+    eta = prog.get("eta_s")
+    return "%s of %s (%.1f%%), %s/s, %d of %d files%s" % (
+        human(prog.get("bytes_done") or 0), human(prog["bytes_total"]), prog.get("percent") or 0.0, human(prog.get("rate_bps") or 0),
+        prog.get("files_done") or 0, prog.get("files_total") or 0, (", about %d s left" % eta) if eta is not None else "")
+
+
 def scrub(text, secret):
     if not secret or text is None:
         return text

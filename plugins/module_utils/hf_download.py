@@ -68,8 +68,10 @@ def watch(module, p, local_dir, progress_file):
         raise hf.died_failure(p["job"], local_dir, state, progress_file)
     if state["state"] != "finished":
         prog = hf.load_json(progress_file, {}) or {}
+        # progress: shown on each retry of the wait at default verbosity (the callback kpro.gpu_serving.progress)
         module.exit_json(changed=False, finished=False, job_state=state["state"], holder=state.get("holder"),
-                         bytes_done=prog.get("bytes_done"), bytes_total=prog.get("bytes_total"), path=local_dir)
+                         bytes_done=prog.get("bytes_done"), bytes_total=prog.get("bytes_total"), path=local_dir,
+                         progress=hf.progress_line(prog))
     res = dict(state["result"], finished=True)
     for k in ("ansible_job_id", "results_file", "started", "invocation", "_ansible_no_log", "deprecations"):
         res.pop(k, None)

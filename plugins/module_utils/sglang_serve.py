@@ -146,6 +146,7 @@ class Server(object):
         if refusal:
             raise refusal
         self.secret_text = su.secret_config(p["api_key"] or None)
+        self.result["secret_file"] = self.secret_path if self.secret_text else None  # where the gate reads the key
         try:
             self.unit_text, line = su.render_service(
                 self.unit, p["venv"], self.opts, env_file=self.env_file, launcher=p["launcher"], log_dir=p["log_dir"],

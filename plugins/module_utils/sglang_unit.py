@@ -184,6 +184,19 @@ def secret_config(api_key):
     return "# Managed by kpro.gpu_serving (sglang_service). Mode 0600: holds the API key.\napi_key: %s\n" % json.dumps(str(api_key))
 
 
+def api_key_from_config(text):
+    """The API key in a ``--config`` file's text as :func:`secret_config` writes it (a YAML ``api_key:`` line, its value a
+    JSON string or a plain scalar); None without one. The gate reads it there so that the key is never a task argument
+    (a background task's arguments stay in a file on the target for the whole run)."""
+    for line in (text or "").splitlines():
+        if line.startswith("api_key:"):
+            value = line.split(":", 1)[1].strip()
+            if value.startswith('"'):
+                return json.loads(value)
+            return value.strip("'") or None
+    return None
+
+
 def _env_value(value, name="environment"):
     value = _no_control("environment variable %s" % name, str(value))
     return '"%s"' % value.replace("\\", "\\\\").replace('"', '\\"')

@@ -250,6 +250,17 @@ progress_file:
   description: The progress JSON file.
   returned: always
   type: str
+finished:
+  description: In watch mode (O(job)), false while the background download still runs.
+  returned: in watch mode
+  type: bool
+progress:
+  description:
+    - In watch mode while the download runs, one line of progress (bytes, percent, rate, files, time left). The callback
+      C(kpro.gpu_serving.progress) prints it on each poll at default verbosity.
+  returned: in watch mode, while the download runs
+  type: str
+  sample: 12.3 GiB of 51.2 GiB (24.0%), 98.4 MiB/s, 3 of 15 files, about 405 s left
 """
 
 import os

@@ -65,6 +65,12 @@ options:
   api_key:
     description: The server's API key (sent as C(Authorization Bearer)).
     type: str
+  api_key_file:
+    description:
+      - The server's C(--config) file holding the API key (RV(kpro.gpu_serving.sglang_service#module:secret_file)), read
+        here instead of O(api_key), so that the key is no argument of the task (the role runs the gate in the background,
+        whose arguments Ansible keeps in a file on the target). Ignored when O(api_key) is set.
+    type: path
   plan:
     description:
       - The memory plan of this launch, as M(kpro.gpu_serving.sglang_service) returns it (RV(kpro.gpu_serving.sglang_service#module:plan));
@@ -227,6 +233,8 @@ facts:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import read_text
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_ready import Gate
 
 
@@ -242,6 +250,7 @@ def main():
             base_url=dict(type="str", default="http://127.0.0.1:30000"),
             served_model_name=dict(type="str", required=True),
             api_key=dict(type="str", no_log=True),
+            api_key_file=dict(type="path"),
             plan=dict(type="dict"),
             planned_weights_mib=dict(type="float"),
             gpu_baseline_mib=dict(type="list", elements="float"),
@@ -259,6 +268,11 @@ def main():
         mutually_exclusive=[("unit", "pid")],
         supports_check_mode=True,
     )
+    if module.params["api_key_file"] and not module.params["api_key"]:
+        key = su.api_key_from_config(read_text(module.params["api_key_file"]))
+        if key:
+            module.no_log_values.add(key)
+            module.params["api_key"] = key
     gate = Gate(module)
     res = gate.run()
     out = gate.summary(res)

@@ -254,6 +254,11 @@ log_path:
   returned: when the server runs
   type: str
   sample: /var/log/sglang/sglang-6f1c2d0a9b8e4f3c8d7e6f5a4b3c2d1e.log
+secret_file:
+  description: The server's C(--config) file holding the API key (mode 0600); null without a key. The gate reads the key there.
+  returned: always
+  type: str
+  sample: /etc/kpro-gpu-serving/sglang-secrets.yaml
 unit_path:
   description: The unit file.
   returned: always

@@ -329,3 +329,11 @@ def test_hub_error_messages():
     assert "does not exist in " + r in hf.hub_error(r, c, "http://h", RevisionNotFoundError("404 Client Error.", 404))
     assert "cannot be reached" in hf.hub_error(r, c, "http://h", ConnectError("[Errno 111] Connection refused"))
     assert "more" not in hf.hub_error(r, c, "http://h", RepositoryNotFoundError("401 Client Error.\nmore", 401))
+
+
+def test_progress_line_bytes_percent_rate_files_eta():
+    prog = {"bytes_total": 55 * 2 ** 30, "bytes_done": 11 * 2 ** 30, "percent": 20.0, "rate_bps": 100 * 2 ** 20,
+            "files_done": 3, "files_total": 15, "eta_s": 450}
+    assert hf.progress_line(prog) == "11.0 GiB of 55.0 GiB (20.0%), 100.0 MiB/s, 3 of 15 files, about 450 s left"
+    assert hf.progress_line(dict(prog, eta_s=None)).endswith("3 of 15 files")
+    assert hf.progress_line({}) == "starting"

@@ -148,3 +148,15 @@ def test_limit_nofile_rendered_and_hard_limit_parsed():
     assert su.hard_nofile(limits) == 20000
     assert su.hard_nofile(limits.replace("20000 ", "unlimited")) is None
     assert su.hard_nofile("") is None
+
+
+@pytest.mark.parametrize("key", ["sk-plain", 'sk-with "quotes" and \\ backslash', "sk: colon # hash", "ключ-ünïcode"])
+def test_api_key_from_config_reads_what_secret_config_writes(key):
+    # the gate reads the key from the server's --config file instead of a task argument
+    assert su.api_key_from_config(su.secret_config(key)) == key
+
+
+def test_api_key_from_config_without_a_key():
+    assert su.api_key_from_config(None) is None
+    assert su.api_key_from_config("# only a comment\n") is None
+    assert su.api_key_from_config("api_key: sk-bare\n") == "sk-bare"
