@@ -18,15 +18,12 @@ import re
 import time
 
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
-from ansible.module_utils.six.moves.urllib.request import Request, build_opener, ProxyHandler
+from ansible.module_utils.urls import open_url
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import diagnose, parse_log, select_launch
-
-_OPENER = build_opener(ProxyHandler({}))   # loopback: never through a proxy
-
 
 def http(method, url, api_key=None, body=None, timeout=5.0):
     """(status or None when nothing answers, parsed JSON or text)."""
@@ -34,10 +31,9 @@ def http(method, url, api_key=None, body=None, timeout=5.0):
     if api_key:
         headers["Authorization"] = "Bearer %s" % api_key
     data = json.dumps(body).encode("utf-8") if body is not None else None
-    req = Request(url, data=data, headers=headers)
-    req.get_method = lambda: method
     try:
-        resp = _OPENER.open(req, timeout=timeout)
+        # ansible.module_utils.urls, as modules should; loopback: never through a proxy
+        resp = open_url(url, data=data, headers=headers, method=method, timeout=timeout, use_proxy=False)
         status, raw = resp.getcode(), resp.read()
     except HTTPError as e:
         status, raw = e.code, e.read()
