@@ -27,6 +27,7 @@ class Driver(object):
         self.p = module.params
         self.changed = False
         self.log = []
+        self.diff = []  # the systemd units written (or that check mode would write), before/after
 
     def fail(self, kind, msg, **extra):
         """Raise the named failure; RV(failure) keeps its old name, RV(phase) is the vocabulary's (failure.py)."""
@@ -166,7 +167,10 @@ class Driver(object):
     def ensure_unit(self, name, content):
         """Unit file written, enabled and active; the queries are read-only, so check mode is truthful."""
         path = os.path.join(self.p["systemd_dir"], name)
-        write = read_text(path) != content
+        old = read_text(path)
+        write = old != content
+        if write:
+            self.diff.append({"before_header": path, "after_header": path, "before": old or "", "after": content})
         enabled = not write and self.m.run_command([self.systemctl(), "is-enabled", name])[1].strip() == "enabled"
         active = not write and self.m.run_command([self.systemctl(), "is-active", name])[1].strip() == "active"
         if write or not enabled or not active:
@@ -250,7 +254,7 @@ class Driver(object):
             self.verify(facts)
         loaded = self.loaded()
         self.m.exit_json(changed=self.changed, action=action, reason=reason, kernel_release=kernel,
-                         host_version=loaded and loaded["version"], nvml=facts, steps=self.log)
+                         host_version=loaded and loaded["version"], nvml=facts, steps=self.log, diff=self.diff)
 
     def userspace(self):
         loaded = self.loaded()

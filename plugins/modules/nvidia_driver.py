@@ -115,8 +115,9 @@ attributes:
     support: full
     description: Reports the action it would take (C(install), C(rebuild_module), C(load)) and changes nothing.
   diff_mode:
-    support: none
-    description: Unit files are replaced whole; no diff is returned.
+    support: partial
+    description: The systemd units it writes (the device-node unit, nvidia-persistenced) are returned as a diff, in check
+      mode too; the driver's own files (the installer's) are not.
 notes:
   - Named failures (C(phase), also in RV(failure)) are C(bad_version), C(bad_checksum), C(installer_missing), C(installer_version),
     C(secure_boot_unsigned_module), C(headers_unavailable), C(installer_failed), C(checksum_mismatch),

@@ -77,3 +77,20 @@ def test_phase_secure_boot_unsigned_module(monkeypatch):
     monkeypatch.setattr(nh.ni, "secure_boot_enabled", lambda efivars: True)
     e = raised(nh.Driver(FakeModule()).host)
     assert e.phase == "secure_boot_unsigned_module" and "Secure Boot" in e.msg
+
+
+def test_units_written_are_returned_as_a_diff_in_check_mode_too(tmp_path):
+    m = FakeModule(systemd_dir=str(tmp_path))
+    m.check_mode = True
+    d = nh.Driver(m)
+    d.systemctl = lambda: "/bin/systemctl"
+    d.ensure_unit("nvidia-device-nodes.service", "[Unit]\nDescription=new\n")
+    assert d.changed and d.diff == [{"before_header": str(tmp_path / "nvidia-device-nodes.service"),
+                                     "after_header": str(tmp_path / "nvidia-device-nodes.service"),
+                                     "before": "", "after": "[Unit]\nDescription=new\n"}]
+    assert not (tmp_path / "nvidia-device-nodes.service").exists()  # check mode writes nothing
+    (tmp_path / "nvidia-device-nodes.service").write_text("[Unit]\nDescription=new\n")
+    again = nh.Driver(m)
+    again.systemctl = lambda: "/bin/systemctl"
+    again.ensure_unit("nvidia-device-nodes.service", "[Unit]\nDescription=new\n")
+    assert again.diff == []
