@@ -25,6 +25,7 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import diagnose, parse_log, select_launch
 
+
 def http(method, url, api_key=None, body=None, timeout=5.0):
     """(status or None when nothing answers, parsed JSON or text)."""
     headers = {"Content-Type": "application/json"}
