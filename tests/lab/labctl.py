@@ -2,7 +2,7 @@
 """Start, stop and drive the lab's simulated Proxmox node kpro5 (run as root).
 
     labctl.py up | down [--keep-disk] | status | reset | root | exec -- CMD...
-    labctl.py reboot | kernel-upgrade [RELEASE] | snapshot save|restore NAME | snapshot clear
+    labctl.py reboot | kernel-upgrade [RELEASE]
 
 See tests/lab/README.md. Everything ``up`` starts is recorded by PID (with its
 /proc/PID/stat start time) under tests/lab/.run/pids/ and ended by PID at ``down``.
@@ -44,10 +44,6 @@ HOST_IP, NODE_IP = "10.213.5.1", "10.213.5.2"
 # The controller-side services (tests/lab/services/labsvc.py) on the lab's own host address:
 # file server, package index (uv + huggingface_hub from PyPI, the SGLang stand-in), mock hub.
 SVC = os.path.join(RUN, "labsvc")
-# Saved disks (labctl snapshot): outside RUN, which a reset removes; the tests clear them per session.
-SNAPSHOTS = os.path.join(HERE, ".snapshots")
-# What a disk was made with and must be restored with: the PVE PKI and API credentials, the hub token, the API key.
-SNAPSHOT_SECRETS = ("pki", "pve-credentials.json", "hub-token", "sglang-api-key")
 SVC_PORTS = {"files": 18600, "index": 18601, "hub": 18602, "hub_cdn": 18603}
 WHEELS = os.path.join(RUN, "wheels")
 LOCKS = os.path.join(RUN, "locks")
@@ -711,49 +707,6 @@ def cmd_rebuild(args):
     return cmd_up(args)
 
 
-def _cp(src, dst):
-    # cp -a, not shutil: the node's disk holds device nodes (/dev/nvidia*) and overlayfs whiteouts (0:0 char devices,
-    # trusted.overlay.* xattrs) that must be copied as what they are, never read
-    sh(["cp", "-a", "--reflink=auto", src, dst])
-
-
-def cmd_snapshot(args):
-    """The node's and CT 129's disks (and the run's secrets they were made with) saved under a name, or put back.
-    Lab tests converge a stage once per session and restore it where a later test needs it, instead of converging
-    again (tests/lab_tests/conftest.py). A restore is a down and up: like a reboot with the disks as saved."""
-    snap = os.path.join(SNAPSHOTS, args.name or "")
-    if args.action == "clear":
-        shutil.rmtree(SNAPSHOTS, ignore_errors=True)
-        return 0
-    if args.action == "save":
-        if not recorded():
-            raise SystemExit("labctl: the lab is not up")
-        cmd_down(argparse.Namespace(keep_disk=True))
-        shutil.rmtree(snap, ignore_errors=True)
-        os.makedirs(snap)
-        _cp(UPPER, os.path.join(snap, "upper"))
-        if os.path.isdir(CTDIR):
-            _cp(CTDIR, os.path.join(snap, "ct"))
-        for name in SNAPSHOT_SECRETS:
-            if os.path.exists(os.path.join(RUN, name)):
-                _cp(os.path.join(RUN, name), os.path.join(snap, name))
-        log("snapshot %s saved" % args.name)
-        return cmd_up(args)
-    if not os.path.isdir(os.path.join(snap, "upper")):
-        print("labctl: no snapshot %s" % args.name)
-        return 2
-    cmd_down(argparse.Namespace(keep_disk=False))
-    os.makedirs(NODE)
-    _cp(os.path.join(snap, "upper"), UPPER)
-    if os.path.isdir(os.path.join(snap, "ct")):
-        _cp(os.path.join(snap, "ct"), CTDIR)
-    for name in SNAPSHOT_SECRETS:
-        if os.path.exists(os.path.join(snap, name)):
-            _cp(os.path.join(snap, name), os.path.join(RUN, name))
-    log("snapshot %s restored" % args.name)
-    return cmd_up(args)
-
-
 def cmd_reset(args):
     cmd_down(argparse.Namespace(keep_disk=False))
     return cmd_up(args)
@@ -777,9 +730,6 @@ def main(argv=None):
     sub.add_parser("reboot")
     p = sub.add_parser("kernel-upgrade")
     p.add_argument("release", nargs="?")
-    p = sub.add_parser("snapshot")
-    p.add_argument("action", choices=("save", "restore", "clear"))
-    p.add_argument("name", nargs="?", default="")
     p = sub.add_parser("uvm-reload")
     p.add_argument("major", nargs="?", type=int)
     sub.add_parser("_init")
@@ -789,7 +739,7 @@ def main(argv=None):
         return 0
     return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "reset": cmd_reset, "root": cmd_root, "exec": cmd_exec,
             "reboot": cmd_reboot, "kernel-upgrade": cmd_kernel_upgrade, "rebuild": cmd_rebuild,
-            "uvm-reload": cmd_uvm_reload, "snapshot": cmd_snapshot}[args.cmd](args)
+            "uvm-reload": cmd_uvm_reload}[args.cmd](args)
 
 
 if __name__ == "__main__":

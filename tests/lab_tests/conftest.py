@@ -62,32 +62,11 @@ def lab():
     # The tests start from a fresh node (a reset keeps nothing of an earlier run or demo),
     # and leave the lab as they found it: down if it was down.
     started = not lab_is_up()
-    labctl("snapshot", "clear")
     r = labctl("reset", check=False)
     assert r.returncode == 0, r.stderr + r.stdout
     yield Lab()
-    labctl("snapshot", "clear")
     if started:
         labctl("down")
-
-
-# Stages converged from a fresh node, saved once per session (labctl snapshot) and restored where a later test needs
-# the same starting point: a restore (down, disks back, up) takes seconds, a converge minutes.
-CONVERGED = {"driver": ("gpu_host", "kpro5"), "container": ("gpu_host,lxc_gpu,container", "ct129")}
-
-
-def converged(name):
-    """The lab as CONVERGED[name]'s stages leave a fresh node. Returns the playbook's output when it converged, or
-    None when it was restored from this session's snapshot."""
-    if labctl("snapshot", "restore", name, check=False).returncode == 0:
-        return None
-    from test_gpu_host_stage import play, recap
-    labctl("reset")
-    tags, host = CONVERGED[name]
-    out = play("--tags", tags)
-    assert recap(out.stdout, host)["failed"] == 0, out.stdout[-3000:]
-    labctl("snapshot", "save", name)
-    return out.stdout
 
 
 # Secrets must appear in no process's argv and no file: shared by the secrecy tests.

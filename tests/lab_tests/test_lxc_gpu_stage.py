@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import converged, labctl
+from conftest import labctl
 from test_gpu_host_stage import play, recap
 
 
@@ -29,7 +29,8 @@ def changed_lines(before, after):
 
 
 def test_lxc_raw_passthrough_then_uvm_major_change(lab):
-    converged("driver")
+    labctl("reset")
+    assert recap(play("--tags", "gpu_host").stdout)["failed"] == 0
     before = conf(lab)
     pid_before = lab.state()["guests"]["129"].get("pid")
     r = play("--tags", "lxc_gpu", "-e", "lxc_gpu_method=lxc_raw")
@@ -61,7 +62,8 @@ def test_lxc_raw_passthrough_then_uvm_major_change(lab):
 
 
 def test_devn_passthrough_changes_only_its_lines_and_restarts_once(lab):
-    converged("driver")
+    labctl("reset")
+    assert recap(play("--tags", "gpu_host").stdout)["failed"] == 0
     before = conf(lab)
     pid_before = lab.state()["guests"]["129"].get("pid")
     r = play("--tags", "lxc_gpu")

@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, RUN, cmdlines, converged, files_holding, labctl
+from conftest import REPO, RUN, cmdlines, files_holding, labctl
 from test_container_model_stage import HUB, MODEL, ct, hub_log, secrets
 from test_gpu_host_stage import ANSIBLE_PLAYBOOK, PLAYBOOK, play, recap
 
@@ -32,7 +32,9 @@ RATE = 80000  # bytes/s per transfer (8 in parallel): the ~30 MiB lab model take
 def model_stage_ready(lab):
     """A fresh node with stages 1-5 done: the container has the venv that runs the download (shared with
     test_bad_inputs_model.py; the node is reset afterwards)."""
-    converged("container")
+    labctl("reset")
+    out = play("--tags", "gpu_host,lxc_gpu,container")
+    assert recap(out.stdout, "ct129")["failed"] == 0, out.stdout[-3000:]
     yield lab
     ctl("reset=true")
     labctl("reset")
