@@ -38,13 +38,13 @@ class CallbackModule(CallbackBase):
 
     def __init__(self):
         super().__init__()
-        self._started = {}
+        self._task = (None, None)   # the running task's name and start: an async poll's result names async_status
 
     def _name(self, result):
         return result.task_name or str(result._task)  # pylint: disable=protected-access
 
     def v2_playbook_on_task_start(self, task, is_conditional):
-        self._started[task._uuid] = time.time()  # pylint: disable=protected-access
+        self._task = (task.get_name(), time.time())
 
     def v2_runner_retry(self, result):
         line = result._result.get("progress")  # pylint: disable=protected-access
@@ -52,6 +52,6 @@ class CallbackModule(CallbackBase):
             self._display.display("progress [%s] %s - %s" % (result._host.get_name(), self._name(result), line))  # pylint: disable=protected-access
 
     def v2_runner_on_async_poll(self, result):
-        t0 = self._started.get(result._task._uuid)  # pylint: disable=protected-access
-        elapsed = " %d s" % (time.time() - t0) if t0 else ""
-        self._display.display("waiting [%s] %s -%s, still running" % (result._host.get_name(), self._name(result), elapsed))  # pylint: disable=protected-access
+        name, t0 = self._task
+        self._display.display("waiting [%s] %s - %d s, still running" % (  # pylint: disable=protected-access
+            result._host.get_name(), name or self._name(result), time.time() - (t0 or time.time())))
