@@ -166,10 +166,11 @@ def test_pct_names_win_over_the_standard_ones(ssh, tmp_path):
 
 
 def test_ansible_host_is_not_the_proxmox_host(ssh, tmp_path):
-    """In the inventories a container's ansible_host is its own address (for ansible_connection=ssh)."""
+    """In the inventories a container's ansible_host is its own address (for ansible_connection=ssh); 192.0.2.0/24 is
+    RFC 5737 documentation space, never a real host."""
     with pytest.raises(AnsibleConnectionFailure, match="pct_host is not set.*ansible_host is not read"):
-        make_conn(tmp_path, ssh, pct_host=None, ansible_host="10.1.230.172")._connect()
-    conn = make_conn(tmp_path, ssh, ansible_host="10.1.230.172")
+        make_conn(tmp_path, ssh, pct_host=None, ansible_host="192.0.2.129")._connect()
+    conn = make_conn(tmp_path, ssh, ansible_host="192.0.2.129")
     conn.exec_command("true")
     assert split(ssh.calls()[0]["argv"])[1] == "10.213.5.2"
 
