@@ -81,17 +81,30 @@ def progress():
         return {}
 
 
-def writers():
-    """PIDs (this machine's view: the container's processes included) with a partial model file open."""
-    pids = set()
+def writers(detail=False):
+    """PIDs (this machine's view: the container's processes included) with a partial model file open for writing.
+
+    Only write access counts (fdinfo's flags): a process that merely reads a partial file (a backup, a search over
+    the lab's disk) is no second writer. ``detail``: {pid: [(fd target, cmdline)]} for the assertion messages."""
+    found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             for fd in os.listdir("/proc/%s/fd" % pid):
-                if "/.cache/kpro-hf/incomplete/" in os.readlink("/proc/%s/fd/%s" % (pid, fd)):
-                    pids.add(int(pid))
+                target = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+                if "/.cache/kpro-hf/incomplete/" not in target or not _open_for_writing(pid, fd):
+                    continue
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+                found.setdefault(int(pid), []).append((target, cmd))
         except OSError:
             continue
-    return pids
+    return found if detail else set(found)
+
+
+def _open_for_writing(pid, fd):
+    with open("/proc/%s/fdinfo/%s" % (pid, fd)) as f:
+        flags = int(next(line for line in f if line.startswith("flags:")).split()[1], 8)
+    return flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
 
 
 def start_play(*args, log_path):
@@ -113,6 +126,12 @@ def wait_for(cond, timeout, what):
 
 
 def wipe_model(lab):
+    """Empty the model directory, after any download an earlier test left running has ended (its files, deleted
+    under it, would still be open for writing and count as a second writer here)."""
+    try:
+        wait_for(lambda: not writers(), 90, "downloads left by earlier tests to end")
+    except AssertionError:
+        raise AssertionError("still writing into the model directory: %s" % writers(detail=True)) from None
     ct(lab, "rm", "-rf", MODEL)
 
 
@@ -146,9 +165,9 @@ def test_controller_killed_mid_download_then_rerun(ready, tmp_path):
     seen = set()
     try:
         while again.poll() is None:
-            w = writers()
+            w = writers(detail=True)
             assert len(w) <= 1, "two writers: %s" % w
-            seen |= w
+            seen |= set(w)
             time.sleep(0.1)
     finally:
         if again.poll() is None:
