@@ -68,6 +68,6 @@ def test_output_drill_is_a_wrong_answer_with_prompt_expected_received_and_remedy
 
 
 def test_the_check_can_be_turned_off(serve_lab):
-    serve_lab.launch("ka0002", drill="wrong_answer_tp")
+    serve_lab.launch("ka0002", drill="dropped_draft_tokens")
     res = gate(serve_lab, "ka0002", True, known_answer_checks=[])
     assert res["phase"] == "ready" and res["known_answer"] is None
