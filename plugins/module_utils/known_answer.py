@@ -181,9 +181,9 @@ def judge(check, status, resp):
     if not ok:
         out.update(kind="wrong", why=why)
         return out
-    floor = check.get("min_mean_logprob")
-    if floor is not None and out["mean_logprob"] is not None and out["mean_logprob"] < float(floor):
-        out.update(kind="low_logprob", why="mean logprob %.3f of the greedy answer is below %s" % (out["mean_logprob"], floor))
+    floor, mean = check.get("min_mean_logprob"), out["mean_logprob"]
+    if floor is not None and mean is not None and mean < float(floor):
+        out.update(kind="low_logprob", why="mean logprob %s of the greedy answer is below %s" % (mean, floor))
         return out
     out.update(ok=True)
     return out

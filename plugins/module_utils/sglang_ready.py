@@ -328,7 +328,8 @@ class Gate(object):
         out = dict(changed=False, phase=res["phase"], evidence=res["evidence"], remedy=res["remedy"], facts=facts,
                    waited_s=round(time.time() - self.t0, 2), gpu_used_mib=self.gpu_used, exit_status=self.exit_status,
                    endpoint={"base_url": self.base, "served_model_name": self.p["served_model_name"]}, launch_id=self.p["launch_id"],
-                   log_path=self.log_path, probe=self.last_probe, known_answer=self.last_known_answer, kv_tokens=facts.get("kv_tokens"), nrestarts=self.nrestarts)
+                   log_path=self.log_path, probe=self.last_probe, known_answer=self.last_known_answer, kv_tokens=facts.get("kv_tokens"),
+                   nrestarts=self.nrestarts)
         if res["phase"] == "ready":
             out["time_to_ready_s"] = facts.get("time_to_ready_s", out["waited_s"])
         return out

@@ -174,8 +174,8 @@ options:
         type: float
   chat_template_kwargs:
     description:
-      - The C(chat_template_kwargs) of the chat checks (what the model's chat template understands). Default
-        C({enable_thinking: false}) (Qwen3 answers without a thinking block); C({}) for none.
+      - "The C(chat_template_kwargs) of the chat checks (what the model's chat template understands). Default
+        C({enable_thinking: false}) (Qwen3 answers without a thinking block); C({}) for none."
     type: dict
   sglang_version:
     description: The installed SGLang version, for the compatibility table among the suspects of a wrong answer.
