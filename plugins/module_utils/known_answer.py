@@ -286,7 +286,7 @@ def failure(result, server_args=None, version=None, architecture=None, config=No
     found = suspects(server_args, version, architecture, config)
     evidence += ["suspect %d: %s" % (i + 1, s["suspect"]) for i, s in enumerate(found)]
     what = "degenerate text" if phase == "degenerate_output" else "wrong answers" if phase == "wrong_answer" else "no answer"
-    remedy = "The server answers with %s to %d of %d known-answer checks at temperature 0. Suspects, most likely first: %s." % (
+    remedy = "The server answers with %s to %d of %d known-answer checks at temperature 0. Suspects, most likely first: %s" % (
         what, len(failed), len(result["checks"]), " ".join("(%d) %s: %s." % (i + 1, s["suspect"], s["remedy"]) for i, s in enumerate(found)))
     if any(r["kind"] == "reasoning_only" for r in failed):
         remedy += " " + _reasoning_remedy(server_args)

@@ -33,12 +33,11 @@ NEIGHBOURS = {"Paris": "Lyon", "Tokyo": "Kyoto", "Berlin": "Munich", "Rome": "Mi
               "Canberra": "Sydney", "Cairo": "Alexandria", "Nairobi": "Mombasa", "Lima": "Cusco", "Oslo": "Bergen", "Warsaw": "Krakow"}
 
 
-def live_modes(startup_drills, tp_size):
-    """The output drills in force for this request: those given at launch and those in the drill source now."""
-    names = set(startup_drills or ())
+def live_modes(tp_size):
+    """The output drills in force for this request: those in the drill source now (the environment, else the drill
+    file), not those read at launch, so a drill ends when the file is emptied."""
     live, _unknown = util.read_drills()
-    names.update(live)
-    modes = set(n for n in names if n in OUTPUT_DRILLS)
+    modes = set(n for n in live if n in OUTPUT_DRILLS)
     if tp_size <= 1:
         modes.discard("wrong_answer_tp")     # a TP all-reduce bug needs TP
     return modes

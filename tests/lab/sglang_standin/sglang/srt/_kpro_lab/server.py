@@ -544,7 +544,7 @@ class _Handler(BaseHTTPRequestHandler):
         prompt_tokens = count_tokens(prompt) + (0 if completion else 9)
         if prompt_tokens >= (m.rank_info.get(0, {}).get("max_req_input_len") or 1 << 30):
             return None
-        modes = self.modes = generate.live_modes(m.drills, m.a.tp_size)
+        modes = self.modes = generate.live_modes(m.a.tp_size)
         if m.degenerate:
             text, hit_len = degenerate(m.degenerate, max_tokens)
         else:
