@@ -81,6 +81,17 @@ def _numbers(text, skip=()):
     return out
 
 
+def _looks_like(line, expected):
+    """What an unexpected line is made of: an expected line doubled ('33'), two consecutive ones glued ('34')."""
+    for a in expected:
+        if a and line == a + a:
+            return " (%s doubled)" % a
+    for a, b in zip(expected, expected[1:]):
+        if line == a + b:
+            return " (%s and %s glued)" % (a, b)
+    return ""
+
+
 def line_difference(expected, received):
     """What a line-by-line answer lost or gained: missing, duplicated and unexpected lines, and the first difference."""
     exp, got = list(expected), list(received)
@@ -94,7 +105,7 @@ def line_difference(expected, received):
     if duplicated:
         parts.append("duplicated %s" % ", ".join(duplicated[:8]))
     if extra:
-        parts.append("unexpected %s" % ", ".join(repr(x) for x in extra[:8]))
+        parts.append("unexpected %s" % ", ".join(repr(x) + _looks_like(x, exp) for x in extra[:8]))
     parts.append("first difference at line %d (%d lines, expected %d)" % (first + 1, len(got), len(exp)))
     return "; ".join(parts)
 
