@@ -68,8 +68,16 @@ def normalize(text):
     return text.rstrip(".").strip()
 
 
-def _lines(text):
-    return [ln.strip().rstrip(".,;").strip() for ln in normalize(text).splitlines() if ln.strip()]
+_BULLET_RE = re.compile(r"^(?:[-*\u2022]\s+)")
+
+
+def _lines(text, expected=None):
+    """Non-empty lines without trailing punctuation or list bullets; with ``expected``, without a leading preamble line
+    ("Here are the numbers:") that the expected answer does not have."""
+    out = [_BULLET_RE.sub("", ln.strip()).rstrip(".,;").strip() for ln in normalize(text).splitlines() if ln.strip()]
+    if expected and out and out[0].endswith(":") and out[0] != expected[0]:
+        out = out[1:]
+    return out
 
 
 def _numbers(text, skip=()):
@@ -111,11 +119,12 @@ def line_difference(expected, received):
 
 
 def matches(match, expected, received, prompt=""):
-    """(ok, why not). ``exact``: the normalized answer equals ``expected``; ``lines``: line by line (empty lines and
-    trailing punctuation ignored); ``number``: the first number of the answer that is not in the prompt equals
+    """(ok, why not). ``exact``: the normalized answer equals ``expected``; ``lines``: line by line (see
+    :func:`_lines`); ``number``: the first number of the answer that is not in the prompt equals
     ``expected`` (thousands separators allowed); ``word``: ``expected`` occurs as a whole word, case-insensitively."""
     if match == "lines":
-        exp, got = _lines(expected), _lines(received)
+        exp = _lines(expected)
+        got = _lines(received, exp)
         return (True, "") if exp == got else (False, line_difference(exp, got))
     if match == "number":
         got = _numbers(normalize(received), skip=set(_numbers(prompt)))
