@@ -96,10 +96,15 @@ def group_problems(members):
     return out
 
 
+# Startup milestones of sglang_log after which a node's KV pool exists (only TP rank 0 logs max_total_num_tokens,
+# real scheduler.py:762, so a node of rank >= 1 never shows it).
+POOL_MILESTONES = ("kv_alloc", "mem_pool_end", "graph_end", "max_total_tokens")
+
+
 def follower_ready(milestones, http_state, gpu_used_mib, planned_weights_mib):
-    """(ready, evidence) of a node of rank >= 1: its schedulers are ready (the log's max_total_num_tokens line), its
-    health server answers 200, and NVML shows every GPU holding at least 90 % of the planned weights."""
-    if "max_total_tokens" not in (milestones or {}):
+    """(ready, evidence) of a node of rank >= 1: its log is past the KV pool, its health server (started only once all
+    its schedulers are ready) answers 200, and NVML shows every GPU holding at least 90 % of the planned weights."""
+    if not any(k in (milestones or {}) for k in POOL_MILESTONES):
         return False, []
     if not http_state or http_state.get("health") != 200:
         return False, []

@@ -120,6 +120,13 @@ options:
         decides.
     type: float
     default: 5.0
+  node_rank:
+    description:
+      - This node's rank of a server over several nodes (SGLang's C(--node-rank)). A rank of 1 or more serves no endpoint
+        (real SGLang runs only a health server there): it is ready when its schedulers are, C(/health) answers 200 and
+        every GPU holds the planned weights (NVML); the endpoint, C(/v1/models) and the probe are rank 0's.
+    type: int
+    default: 0
   expected_probe_regex:
     description: A regular expression the probe's text must match (searched). Empty for none.
     type: str
@@ -262,6 +269,7 @@ def main():
             probe_max_tokens=dict(type="int", default=16, no_log=False),
             probe_timeout=dict(type="float", default=120),
             fatal_grace=dict(type="float", default=5.0),
+            node_rank=dict(type="int", default=0),
             expected_probe_regex=dict(type="str", default="(?i)paris"),
         ),
         required_one_of=[("unit", "pid"), ("log_path", "log_dir")],

@@ -82,7 +82,7 @@ def test_plan_launch_selects_this_nodes_gpus(tmp_path, monkeypatch):
 
 
 def test_a_follower_is_ready_on_nvml_and_its_health_server():
-    ms = {"max_total_tokens": [{}]}
+    ms = {"kv_alloc": [{}]}
     assert mn.follower_ready(ms, {"health": 200}, [13500, 13400], 13000)[0]
     assert not mn.follower_ready(ms, {"health": 200}, [13500, 300], 13000)[0]     # one GPU without its weights
     assert not mn.follower_ready(ms, {"health": None}, [13500, 13400], 13000)[0]
