@@ -122,9 +122,10 @@ options:
     default: 5.0
   node_rank:
     description:
-      - This node's rank of a server over several nodes (SGLang's C(--node-rank)). A rank of 1 or more serves no endpoint
-        (real SGLang runs only a health server there): it is ready when its schedulers are, C(/health) answers 200 and
-        every GPU holds the planned weights (NVML); the endpoint, C(/v1/models) and the probe are rank 0's.
+      - This node's rank of a server over several nodes (SGLang's C(--node-rank)).
+      - A rank of 1 or more serves no endpoint (real SGLang runs only a health server there). It is ready when its log
+        is past the KV pool, C(/health) answers 200 and every GPU holds the planned weights (NVML). The endpoint,
+        C(/v1/models) and the probe are rank 0's.
     type: int
     default: 0
   expected_probe_regex:
