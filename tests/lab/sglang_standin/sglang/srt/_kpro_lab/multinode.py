@@ -58,7 +58,7 @@ def timeout_s(a):
 
 
 def _addr(a):
-    host, _, port = (a.dist_init_addr or "127.0.0.1:0").rpartition(":")
+    host, _sep, port = (a.dist_init_addr or "127.0.0.1:0").rpartition(":")
     return host.strip("[]"), int(port)
 
 
