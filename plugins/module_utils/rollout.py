@@ -12,6 +12,8 @@ in that order with ``serial`` set to its ``serial`` (the number of hosts of each
 
 from __future__ import annotations
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_multinode
+
 
 def _get(hostvars, name, key, default=None):
     try:
@@ -94,7 +96,20 @@ def plan(groups, hostvars, batch_size=None, max_fail_percentage=None):
     hosts = [h for unit in us for h in unit]
     serial = [sum(len(u) for u in b) for b in batches] or [1]
     return {"hosts": hosts, "serial": serial, "max_fail_percentage": int(max_fail_percentage), "units": us,
-            "batches": [[h for u in b for h in u] for b in batches]}
+            "batches": [[h for u in b for h in u] for b in batches], "problems": server_problems(cts, hostvars)}
+
+
+def server_problems(containers, hostvars):
+    """[message] for each multi-node server whose nodes disagree (ranks, nnodes, tp_size, init address, model)."""
+    servers = {}
+    for c in containers:
+        key = _server_key(hostvars, c)
+        if key:
+            servers.setdefault(key, {})[c] = dict(_get(hostvars, c, "sglang_server_options", {}) or {})
+    out = []
+    for key in sorted(servers):
+        out += ["the multi-node server at %s: %s" % (key, m) for m in sglang_multinode.group_problems(servers[key])]
+    return out
 
 
 BATCH_GROUP = "kpro_rollout_batch_"

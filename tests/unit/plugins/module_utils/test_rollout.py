@@ -63,3 +63,10 @@ def test_status_shows_every_unit():
     assert lines[0] == "gpu-a + ct201: serving"
     assert lines[1].startswith("gpu-b + ct202: FAILED on ct202 at 'Gate the launch") and "(peer_missing)" in lines[1]
     assert lines[2].endswith("not touched (the rollout stopped before it)")
+
+
+def test_the_nodes_of_a_server_must_agree():
+    assert rollout.plan(GROUPS, HOSTVARS)["problems"] == []
+    hv = dict(HOSTVARS, ct302={"pve_node_host": "gpu-d", "sglang_server_options": dict(TWO, node_rank=0)})
+    problems = rollout.plan(GROUPS, hv)["problems"]
+    assert problems and problems[0].startswith("the multi-node server at 192.0.2.31:20000: node ranks [0, 0]")
