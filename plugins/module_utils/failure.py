@@ -21,6 +21,7 @@ SERVE_PHASES = (
     ("weights_oom", "the model weights do not fit in GPU memory"),
     ("kv_cache_oom", "the weights fit but too little memory is left for the KV cache"),
     ("nccl_error", "the GPUs could not talk to each other (NCCL)"),
+    ("peer_missing", "a node of a multi-node server never arrived at the distributed init address"),
     ("cuda_graph_failed", "capturing CUDA graphs failed"),
     ("port_in_use", "the server's port is taken by another process"),
     ("warmup_failed", "the server came up but its first request failed"),

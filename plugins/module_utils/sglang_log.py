@@ -94,6 +94,11 @@ _MILESTONES = [
     ("nccl", re.compile(r"NCCL error|DistBackendError|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclInvalidUsage"
                         r"|ncclRemoteError|NCCL WARN|Error while creating shared memory segment")),
     ("p2p", re.compile(r"peer access is not supported between these two devices")),
+    # a node of a multi-node server never arrived at --dist-init-addr: torch's TCPStore on rank 0 gives up waiting
+    # ("Timed out after N seconds waiting for clients. 1/2 clients joined.", older torch: "workers"), a rank >= 1
+    # cannot reach rank 0's store ("The client socket has timed out after ... while trying to connect to (host, port)")
+    ("peer_missing", re.compile(r"waiting for (?:clients|workers)\. \d+/\d+ (?:clients|workers) joined"
+                                r"|client socket has timed out after \S+ while trying to connect to")),
     ("bind_error", re.compile(r"error while attempting to bind on address .*address already in use|\[Errno 98\]"
                               r"|Address already in use|Port is already in use")),
     ("warmup_error", re.compile(r"Initialization failed\. warmup error")),
@@ -316,6 +321,7 @@ _SA_FIELDS = {
     "speculative_eagle_topk": int, "speculative_num_draft_tokens": int, "disable_radix_cache": bool, "disable_cuda_graph": bool,
     "enable_torch_compile": bool, "mamba_ssm_dtype": str, "max_mamba_cache_size": int, "kv_cache_dtype": str, "dtype": str,
     "attention_backend": str, "disable_custom_all_reduce": bool, "enable_p2p_check": bool,
+    "nnodes": int, "node_rank": int, "dist_init_addr": str,
 }
 
 
@@ -951,6 +957,24 @@ def _nccl_failure(L):
     return L.result("nccl_error", [hard[0] if hard else e], tb, _remedy_nccl(exc, "p2p" in L.ms))
 
 
+def _peer_failure(L):
+    e = _first(L.ms, "peer_missing")
+    if e is None:
+        return None
+    tb = _pick_traceback(L.parsed, lambda t: any(re.search(r"clients joined|workers joined|trying to connect to", x) for x in t["exceptions"]))
+    L.facts["exception"] = _tb_exception(tb) or e["msg"]
+    L.facts["failure"] = "peer_missing"
+    m = re.search(r"(\d+)/(\d+) (?:clients|workers) joined", e["msg"])
+    if m:
+        L.facts["nodes_joined"], L.facts["nodes_expected"] = int(m.group(1)), int(m.group(2))
+    addr = _sa(L.facts, "dist_init_addr")
+    return L.result("peer_missing", [e], tb, remedy=(
+        "A node of this multi-node server never arrived at the distributed init address%s (%s). Start every node's server "
+        "(node_rank 0 .. nnodes-1, the same --nnodes, --tp-size and --dist-init-addr on each; ranks >= 1 must reach rank 0's "
+        "address and port: check the firewall and the address the containers see), and look at the missing node's own "
+        "log and gate: it names why it did not start." % ((" " + str(addr)) if addr else "", e["msg"][:160].strip())))
+
+
 def _graph_failure(L):
     e = _first(L.ms, "graph_failed")
     if e is None:
@@ -1186,7 +1210,7 @@ def _exit_failure(L):
     return res
 
 
-_FAILURE_CHECKS = (_driver_failure, _argparse_failure, _nccl_failure, _graph_failure, _kv_failure, _oom_failure, _port_failure,
+_FAILURE_CHECKS = (_driver_failure, _argparse_failure, _peer_failure, _nccl_failure, _graph_failure, _kv_failure, _oom_failure, _port_failure,
                    _warmup_failure, _traceback_failure, _death_failure, _exit_failure)
 
 

@@ -64,6 +64,8 @@ DEFAULTS = {
     "chunked_prefill_size": None,
     "cuda_graph_max_bs": None,
     "context_overhead_mib": rules.PRE_WEIGHTS_MIB,   # CUDA context + NCCL/custom all-reduce per rank before weights
+    "nnodes": 1,                        # one server over several nodes: each node plans its own GPUs (tp over all nodes)
+    "node_rank": 0,
 }
 
 # the options plan() understands (sglang_unit.plan_options passes SGLang's own names through)
@@ -414,9 +416,20 @@ def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None,
         "options": dict((k, v) for k, v in o.items() if not k.startswith("_")),
         "model": geo,
     }
+    if _node(o):
+        result["node"] = _node(o)
     if refusal:
         return _refused(result, refusal, _verdict(dict(result, warnings=[]), sized, b))
     return _verdict(result, o, b)
+
+
+def _node(o):
+    """This node of a multi-node server (each plans its own GPUs: 1/tp of the weights and KV heads per GPU, as
+    SGLang's ranks hold them on any node), or None for a single node."""
+    nnodes = int(o.get("nnodes") or 1)
+    if nnodes <= 1:
+        return None
+    return {"nnodes": nnodes, "node_rank": int(o.get("node_rank") or 0), "gpus": int(o["tp"]) * int(o.get("pp_size") or 1) // nnodes}
 
 
 def _refused(result, refusal, with_flag):

@@ -22,6 +22,7 @@ from ansible.module_utils.urls import open_url
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import known_answer as ka
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_multinode
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import load_json
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts
@@ -112,6 +113,7 @@ class Gate(object):
         self.gpu_used = None
         self.exit_status = None
         self.nrestarts = None
+        self.follower = bool(p.get("node_rank"))     # a node of rank >= 1: NVML and its health server, no endpoint
 
     def resolve_log(self):
         p = self.p
@@ -230,7 +232,7 @@ class Gate(object):
         http_state = None
         if alive and part:
             ms = parse_log(part)["milestones"]
-            if "uvicorn_running" in ms or "ready" in ms:
+            if "uvicorn_running" in ms or "ready" in ms or (self.follower and "weights_end" in ms):
                 http_state = self.check_http()
         self.http_state = http_state
         elapsed = now - self.t0
@@ -245,6 +247,13 @@ class Gate(object):
                 res["facts"]["stalled_s"] = round(stalled, 1)
             return res
         res = diagnose(text, elapsed_s=elapsed, timeout_s=p["timeout"], stalled_s=stalled, **kw)
+        if self.follower and res["phase"] in ("loading", "ready"):
+            ok, ev = sglang_multinode.follower_ready(parse_log(part)["milestones"] if part else {}, http_state, self.gpu_used, self.planned)
+            if ok:
+                self.last_probe = {"text": "", "tokens_per_s": None, "skipped": "node rank %s: the probe is rank 0's" % p["node_rank"]}
+                return dict(res, phase="ready", evidence=res["evidence"] + ev)
+            if res["phase"] == "ready":
+                return None
         if res["phase"] == "ready":
             if http_state is None or http_state.get("health") != 200:
                 return None     # the log says ready; wait for /health to agree

@@ -58,7 +58,7 @@ def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=
     if not os.path.isfile(cfg_path):
         warn("memory plan skipped: %s not found" % cfg_path)
         return None
-    tp = int(options.get("tp_size") or 1)
+    tp = su.multinode.layout(options)["gpus_per_node"]     # this node's GPUs (tp_size over nnodes nodes)
     base_gpu = int(options.get("base_gpu_id") or 0)
     sel = list(range(base_gpu, min(len(gpu_total_mib), base_gpu + tp))) or list(range(len(gpu_total_mib)))
     popts = su.plan_options(options)

@@ -28,6 +28,7 @@ import json
 import os
 import re
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_multinode as multinode
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import LAUNCH_HEADER
 
 LAUNCHER_PATH = "/usr/local/lib/kpro-gpu-serving/sglang-launch"
@@ -44,7 +45,8 @@ FLAG_ORDER = (
     "kv_cache_dtype", "tp_size", "dp_size", "pp_size", "context_length", "mem_fraction_static", "max_running_requests",
     "max_total_tokens", "chunked_prefill_size", "max_mamba_cache_size", "mamba_ssm_dtype", "disable_radix_cache",
     "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-    "cuda_graph_max_bs", "disable_cuda_graph", "disable_custom_all_reduce", "host", "port", "api_key",
+    "cuda_graph_max_bs", "disable_cuda_graph", "disable_custom_all_reduce", "nnodes", "node_rank", "dist_init_addr",
+    "host", "port", "api_key",
 )
 # Options that are not SGLang flags.
 NOT_FLAGS = frozenset(["extra"])
@@ -342,7 +344,7 @@ def config_fingerprint(unit_text, env_text):
 PLAN_OPTIONS = ("tp_size", "context_length", "mem_fraction_static", "max_running_requests", "max_mamba_cache_size",
                 "mamba_full_memory_ratio", "mamba_ssm_dtype", "mamba_scheduler_strategy", "kv_cache_dtype", "dtype", "disable_radix_cache",
                 "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                "page_size", "chunked_prefill_size", "cuda_graph_max_bs")
+                "page_size", "chunked_prefill_size", "cuda_graph_max_bs", "nnodes", "node_rank")
 
 
 def plan_options(options):
@@ -553,13 +555,17 @@ def range_problems(options):
             bad = True
         if bad:
             out.append((key, "%s=%s is out of range; give %s" % (key, value, what)))
-    return out
+    return out + multinode.problems(options)
 
 
 def gpus_needed(options):
-    """GPUs one server needs: tp_size x pp_size (x dp_size without dp-attention), from base_gpu_id."""
+    """GPUs one server needs on this node: tp_size x pp_size (x dp_size without dp-attention), from base_gpu_id;
+    over several nodes (nnodes) each one's share (sglang_multinode.layout)."""
     o = options or {}
-    n = int(o.get("tp_size") or 1) * int(o.get("pp_size") or 1)
+    try:
+        n = multinode.layout(o)["gpus_per_node"]
+    except (TypeError, ValueError):     # a bad nnodes is refused by range_problems
+        n = int(o.get("tp_size") or 1) * int(o.get("pp_size") or 1)
     if not o.get("enable_dp_attention"):
         n *= int(o.get("dp_size") or 1)
     return n + int(o.get("base_gpu_id") or 0)

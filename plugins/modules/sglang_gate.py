@@ -128,6 +128,14 @@ options:
         decides.
     type: float
     default: 5.0
+  node_rank:
+    description:
+      - This node's rank of a server over several nodes (SGLang's C(--node-rank)).
+      - A rank of 1 or more serves no endpoint (real SGLang runs only a health server there). It is ready when its log
+        is past the KV pool, C(/health) answers 200 and every GPU holds the planned weights (NVML). The endpoint,
+        C(/v1/models) and the probe are rank 0's.
+    type: int
+    default: 0
   expected_probe_regex:
     description: A regular expression the probe's text must match (searched). Empty for none.
     type: str
@@ -328,6 +336,7 @@ def main():
             probe_max_tokens=dict(type="int", default=16, no_log=False),
             probe_timeout=dict(type="float", default=120),
             fatal_grace=dict(type="float", default=5.0),
+            node_rank=dict(type="int", default=0),
             expected_probe_regex=dict(type="str", default="(?i)paris"),
             known_answer_checks=dict(type="list", elements="dict", options=dict(
                 name=dict(type="str"), endpoint=dict(type="str", choices=["chat", "completions"], default="chat"),

@@ -21,8 +21,11 @@ def _roles_and_tags():
         play_tags = list(play.get("tags", []))
         for entry in play.get("roles", []):
             yield entry["role"].rsplit(".", 1)[1], play_tags + list(entry.get("tags", []))
-        for task in play.get("tasks", []):
-            inc = task.get("ansible.builtin.include_role")
+        tasks = list(play.get("tasks", []))
+        while tasks:
+            task = tasks.pop(0)
+            tasks[:0] = task.get("block", [])      # the rollout play imports the stages' roles inside a block
+            inc = task.get("ansible.builtin.include_role") or task.get("ansible.builtin.import_role")
             if inc:
                 yield inc["name"].rsplit(".", 1)[1], play_tags + list(task.get("tags", []))
 

@@ -24,6 +24,7 @@ PHASE_TESTS = {
     "weights_oom": U + "test_sglang_log.py::test_weights_oom_names_other_processes",
     "kv_cache_oom": U + "test_sglang_log.py::test_seed_kv_cache_oom_remedy_has_numbers_and_flags",
     "nccl_error": U + "test_sglang_log.py::test_nccl_remedy_and_p2p",
+    "peer_missing": U + "test_sglang_log.py::test_peer_missing_on_rank0_and_on_a_follower",
     "cuda_graph_failed": U + "test_sglang_log.py::test_any_failure_after_graph_capture_began_is_cuda_graph_failed",
     "port_in_use": U + "test_sglang_log.py::test_port_in_use_after_full_load_in_sglang_format",
     "warmup_failed": U + "test_sglang_log.py::test_fixture_gets_its_expected_phase",

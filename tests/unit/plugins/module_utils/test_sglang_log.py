@@ -519,3 +519,14 @@ def test_a_warning_line_is_not_a_failure():
     text = _loading_until("Load weight end") + "UserWarning: TypedStorage is deprecated. It will be removed in the future.\n"
     assert sl.diagnose(text)["phase"] == "loading"
     assert sl.diagnose(_loading_until("Load weight end") + "ValueError: bad shard\n")["phase"] != "loading"
+
+
+def test_peer_missing_on_rank0_and_on_a_follower():
+    res = sl.diagnose(read("peer_missing_sglang_507.log"), exit_status=137, process_alive=False)
+    assert res["phase"] == "peer_missing"
+    assert (res["facts"]["nodes_joined"], res["facts"]["nodes_expected"]) == (1, 4)
+    assert "never arrived" in res["remedy"] and "node_rank" in res["remedy"]
+    res = sl.diagnose(read("synthetic_peer_missing_rank1.log"), exit_status=137, process_alive=False)
+    assert res["phase"] == "peer_missing"
+    assert "192.0.2.11:20000" in res["remedy"]
+    assert any("trying to connect to (192.0.2.11, 20000)" in e for e in res["evidence"])

@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 
-from sglang.srt._kpro_lab import gpustate, memory, util
+from sglang.srt._kpro_lab import gpustate, memory, multinode, util
 from sglang.srt._kpro_lab.memory import GIB, MIB
 
 _F = "sglang/srt/"
@@ -96,6 +96,16 @@ class Rank(object):
         while True:
             time.sleep(3600)
 
+    def join_nodes(self):
+        """A multi-node server: this node's first rank meets the other nodes at --dist-init-addr (multinode.py)."""
+        try:
+            peers = multinode.rendezvous(self.a)
+        except multinode.RendezvousError as e:
+            self.fail(_frames_runner(multinode.RENDEZVOUS_FRAMES), e.exc_line)
+        multinode.watch(peers, lambda: self.fail(_frames_runner([
+            (_F + "distributed/device_communicators/pynccl_wrapper.py", 376, "NCCL_CHECK", 'raise RuntimeError(f"NCCL error: {error_str}")'),
+        ]), multinode.PEER_LOST))
+
     def hang(self):
         while True:
             time.sleep(3600)
@@ -109,6 +119,8 @@ class Rank(object):
         t0 = time.time()
         self.log("Init torch distributed begin.")
         util.sleep(0.1)
+        if multinode.nnodes(a) > 1 and self.rank == multinode.local_ranks(a)[0]:
+            self.join_nodes()
         if self.gpu is None:
             msg = "RuntimeError: No CUDA GPUs are available" if self.cuda_index is None else (
                 "RuntimeError: CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously reported at some other API call, "

@@ -17,7 +17,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang.srt._kpro_lab import args as sargs
-from sglang.srt._kpro_lab import generate, gpustate, scheduler, util
+from sglang.srt._kpro_lab import generate, gpustate, multinode, scheduler, util
 from sglang.version import __version__
 
 STARTING, UP, UNHEALTHY = "Starting", "Up", "UnHealthy"
@@ -153,8 +153,8 @@ class Main(object):
         state = gpustate.load_or_empty()
         devices = _visible(state)
         a = self.a
-        for r in range(a.tp_size):
-            cuda_index = a.base_gpu_id + r * a.gpu_id_step
+        for i, r in enumerate(multinode.local_ranks(a)):     # this node's TP ranks (all of them on a single node)
+            cuda_index = a.base_gpu_id + i * a.gpu_id_step
             gpu_index = devices[cuda_index][0] if cuda_index < len(devices) else None
             if not devices:
                 cuda_index = None
@@ -173,7 +173,7 @@ class Main(object):
         rounds = {}
         ready = {}
         conn_rank = dict((c, r) for r, c in self.conns.items())
-        while len(ready) < self.a.tp_size:
+        while len(ready) < len(self.procs):
             objs = [c for r, c in self.conns.items() if r not in ready]
             got = multiprocessing.connection.wait(objs, timeout=1.0)
             if not got:
@@ -198,7 +198,7 @@ class Main(object):
                     continue
                 vals = rounds.setdefault(tag, {})
                 vals[r] = msg[2]
-                if len(vals) == self.a.tp_size:
+                if len(vals) == len(self.procs):
                     m = min(vals.values())
                     for rr in vals:
                         self.conns[rr].send(("min", m))
@@ -226,6 +226,11 @@ class Main(object):
             self.kill_process_tree(include_parent=False)
             os._exit(1)
         util.sleep(0.1)
+        if multinode.nnodes(self.a) > 1 and self.a.node_rank >= 1:
+            # real 0.5.11 engine.py:712-737: a node of rank >= 1 runs no tokenizer or HTTP server, only a health server
+            multinode.serve_health(self.a.host, self.a.port)
+            self.phase = "serving"
+            self.watch_children()
         self.serve_http()
 
     def serve_http(self):

@@ -1,0 +1,106 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The fleet: inventories/fleet-example and the rolling play, without a lab and without contacting any host.
+
+The playbook runs over the example fleet with ``--tags always --skip-tags preflight``: only the rollout's own tasks
+(the plan, the roles' argument checks, the per-host guard, the summaries) run, all on the controller. A host made to
+fail (an invalid setting its role's argument check refuses) stops the rollout after its batch; the hosts before it
+are done, the ones after are never touched, and the fleet's status shows every unit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+FLEET = os.path.join(TOP, "inventories", "fleet-example")
+PLAYBOOK = os.path.join(TOP, "playbooks", "migrate-kpro6-to-kpro5.yml")
+ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+
+pytestmark = pytest.mark.skipif(not os.access(ANSIBLE_PLAYBOOK, os.X_OK), reason="needs the checkout's .venv (ansible-playbook)")
+
+
+def play(inventory, *args):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default")
+    return subprocess.run([ANSIBLE_PLAYBOOK, "-i", inventory, PLAYBOOK, "--tags", "always", "--skip-tags", "preflight",
+                           "-e", "vault_pve_api_token_secret=x", "-e", "vault_sglang_api_key=y"] + list(args),
+                          capture_output=True, text=True, env=env, timeout=300, cwd=TOP, check=False)
+
+
+def recap(out):
+    return dict((m.group(1), (int(m.group(2)), int(m.group(3))))
+                for m in re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", out, re.M))
+
+
+def batches(out):
+    """The hosts of each run of the rollout play, in order."""
+    runs = out.split("PLAY [Stages 1-7")[1:]
+    return [sorted(set(re.findall(r"^(?:ok|skipping|fatal): \[([\w-]+)\]", r.split("PLAY [")[0], re.M))) for r in runs]
+
+
+def test_the_example_inventory_uses_documentation_addresses_only():
+    for root, _dirs, files in os.walk(FLEET):
+        for name in files:
+            with open(os.path.join(root, name)) as f:
+                text = f.read()
+            for addr in re.findall(r"\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b", text):
+                assert addr.startswith(("192.0.2.", "198.51.100.", "203.0.113.")), (name, addr)
+
+
+def test_the_two_node_server_has_ranks_0_and_1_and_one_init_address():
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_multinode as mn
+    with open(os.path.join(FLEET, "hosts.yml")) as f:
+        hosts = yaml.safe_load(f)["all"]["children"]["gpu_containers"]["children"]["two_node_server"]["hosts"]
+    with open(os.path.join(FLEET, "group_vars", "two_node_server.yml")) as f:
+        options = yaml.safe_load(f)["sglang_server_options"]
+    members = dict((name, dict(options, node_rank=h["sglang_node_rank"])) for name, h in hosts.items())
+    assert mn.group_problems(members) == []
+    assert all(mn.problems(o) == [] for o in members.values())
+
+
+def test_one_host_at_a_time_each_batch_a_host_with_its_containers():
+    r = play(FLEET)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert batches(r.stdout) == [["ct201", "gpu-a"], ["ct202", "gpu-b"], ["ct301", "ct302", "gpu-c", "gpu-d"]]
+    assert all(c == 0 and f == 0 for c, f in recap(r.stdout).values())
+    assert "gpu-c + ct301 + gpu-d + ct302: serving" in r.stdout
+
+
+def test_serial_from_the_variables():
+    r = play(FLEET, "-e", "kpro_rollout_serial=0")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert batches(r.stdout) == [["ct201", "ct202", "ct301", "ct302", "gpu-a", "gpu-b", "gpu-c", "gpu-d"]]
+
+
+def test_a_failed_host_stops_the_rollout_and_the_summary_shows_every_host(tmp_path):
+    inv = str(tmp_path / "fleet")
+    shutil.copytree(FLEET, inv)
+    with open(os.path.join(inv, "host_vars", "ct202.yml"), "a") as f:
+        f.write("sglang_server_state: bogus\n")
+    r = play(inv)
+    assert r.returncode == 2
+    assert batches(r.stdout) == [["ct201", "gpu-a"], ["ct202", "gpu-b"]]      # gpu-c/gpu-d never touched
+    rc = recap(r.stdout)
+    assert rc["ct202"][1] == 1 and rc["gpu-a"] == (0, 0) and rc["ct201"] == (0, 0) and "gpu-c" not in rc
+    assert "gpu-a + ct201: serving" in r.stdout
+    assert "gpu-b + ct202: FAILED on ct202" in r.stdout
+    assert "gpu-c + ct301 + gpu-d + ct302: not touched (the rollout stopped before it)" in r.stdout
+    assert "ct202 failed at" in r.stdout and "sglang_server_state" in r.stdout
+
+
+def test_the_lab_inventory_is_one_batch_as_before():
+    out = subprocess.run([ANSIBLE_PLAYBOOK, "-i", os.path.join(TOP, "inventories", "lab"), PLAYBOOK, "--list-tasks"],
+                         capture_output=True, text=True, timeout=120, cwd=TOP, check=False,
+                         env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"))).stdout
+    plays = re.findall(r"play #\d+ \(([^)]*)\): ([^\t]*)", out)
+    assert [h for h, _n in plays] == ["proxmox_hosts", "gpu_containers", "localhost", "kpro_rollout"]
+    for tag in ("gpu_host", "lxc_gpu", "container", "gpu_container", "sglang_install", "model", "serve", "sglang_server"):
+        assert "%s]" % tag in out or "%s," % tag in out, tag
