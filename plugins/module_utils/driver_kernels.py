@@ -45,8 +45,9 @@ def read_certificate(path):
         return None, "%s: %s" % (path, e)
 
 
-def framework_texts(conf=ms.FRAMEWORK_CONF, dropins=ms.FRAMEWORK_DROPINS):
-    """[(path, text)] in DKMS's reading order: framework.conf, then framework.conf.d/*.conf sorted."""
+def framework_texts(conf=ms.FRAMEWORK_CONF):
+    """[(path, text)] in DKMS's reading order: framework.conf, then framework.conf.d/*.conf (beside it) sorted."""
+    dropins = os.path.join(os.path.dirname(conf), "framework.conf.d")
     texts = [(conf, read_text(conf) or "")]
     try:
         names = sorted(n for n in os.listdir(dropins) if n.endswith(".conf"))
@@ -164,6 +165,7 @@ class Kernels(object):
                     self.resign(entry)  # built before DKMS had the enrolled key: build again, signed with it
                     if not self.m.check_mode and entry["dkms"] == "installed":
                         fields = modinfo(self.m, entry["kernel"])
+                        entry["signer"], entry["sig_key"] = fields.get("signer"), fields.get("sig_key")
                         ms.check_signature(entry["kernel"], fields, cert, cert_path, dkms_key)
             except Failure as e:
                 if cert is None:
