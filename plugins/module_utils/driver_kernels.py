@@ -17,7 +17,6 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils import boot_kerne
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import module_signing as ms
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, backup, read_text
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvidia_installer import parse_dkms_status
 
 
 def boot_listing(module):

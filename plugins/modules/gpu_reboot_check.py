@@ -17,7 +17,7 @@ description:
     (C(modinfo) C(signer)/C(sig_key), C(mokutil --test-key)); that the device-node unit is enabled and ordered before
     C(pve-guests.service); and that every C(devN) entry of the GPU container names a node that unit creates at boot.
   - Succeeds with C(msg) "ready to reboot into <kernel>", or fails naming the kernel, the missing piece and the command
-    that fixes it; every problem found is in RV(evidence).
+    that fixes it; every problem found is in RV(problems).
 author:
   - kpro.gpu_serving developers (!UNKNOWN)
 options:
@@ -69,6 +69,7 @@ attributes:
     description: The module never changes anything.
   diff_mode:
     support: none
+    description: Nothing is changed, so there is nothing to show.
 notes:
   - Named failures (C(phase)) are C(next_boot_module_missing), C(module_unsigned), C(module_wrong_key),
     C(signing_key_not_enrolled), C(device_nodes_unit_not_ready) and C(ct_passthrough_unresolvable).

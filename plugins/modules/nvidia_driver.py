@@ -228,9 +228,7 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Fa
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvidia_host import Driver
 
-# test-only roots, documented as internal
-ROOTS = dict(proc_root="/proc", dkms_framework_conf="/etc/dkms/framework.conf", boot_dir="/boot", modules_root="/lib/modules",
-             dkms_tree="/var/lib/dkms")
+ROOTS = dict(proc_root="/proc", dkms_framework_conf="/etc/dkms/framework.conf", boot_dir="/boot", modules_root="/lib/modules", dkms_tree="/var/lib/dkms")
 
 
 def main():
