@@ -488,6 +488,17 @@ def lxc_reboot(ctx, params):
 
 # ---- qemu (read-only) --------------------------------------------------------------------------
 
+@route("POST", "/nodes/{node}/startall")
+def node_startall(ctx, params):
+    """pve-manager PVE/API2/Nodes.pm startall (pve-guests.service runs it at boot): a ``startall`` task."""
+    _node(params)
+    _only(params, ("node", "force", "vms"))
+    force = _bool(params, "force")
+    vms = params.get("vms")
+    return tasks.fork_worker("startall", "", ctx.user, lambda upid, log: guests.startall(log, ctx.user, force, vms),
+                             sync=ctx.cli, out=ctx.out)
+
+
 @route("GET", "/nodes/{node}/qemu")
 def qemu_list(ctx, params):
     _node(params)
