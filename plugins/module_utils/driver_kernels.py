@@ -187,6 +187,11 @@ class Kernels(object):
             self.ensure_built()
         if secure_boot:
             self.verify_signatures(dkms_key)
+        # the next boot and the running kernel must have the module; an older fallback kernel without it is a warning
+        must = (self.next_boot, self.d.kernel_release())
+        for phase, kernel, msg, _ev, _pkg in [p for p in self.problems if p[1] not in must]:
+            self.m.warn("%s: %s (a fallback kernel: the next boot is %s)" % (phase, msg, self.next_boot))
+        self.problems = [p for p in self.problems if p[1] in must]
         if self.problems:
             raise self.failure()
         return self.report

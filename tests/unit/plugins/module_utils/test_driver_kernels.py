@@ -21,7 +21,7 @@ class Host(object):
     """A fake host: the kernels in /boot, headers, DKMS's state; ``dkms install`` builds when the headers are there."""
 
     def __init__(self, tmp, check_mode=False, headers=(OLD, NEW), apt_has=(), **params):
-        self.tmp, self.check_mode, self.apt_has, self.ran = tmp, check_mode, set(apt_has), []
+        self.tmp, self.check_mode, self.apt_has, self.ran, self.warnings = tmp, check_mode, set(apt_has), [], []
         for d in ("boot", "modules", "proc/sys/kernel", "dkms", "etc"):
             os.makedirs(os.path.join(tmp, d), exist_ok=True)
         with open(os.path.join(tmp, "proc/sys/kernel/osrelease"), "w") as f:
@@ -40,6 +40,9 @@ class Host(object):
 
     def get_bin_path(self, name, required=False):
         return "/usr/bin/" + name
+
+    def warn(self, msg):
+        self.warnings.append(msg)
 
     def run_command(self, argv, environ_update=None):
         self.ran.append(argv)
@@ -186,3 +189,14 @@ def test_secure_boot_without_the_key_names_dkms_own_key(tmp_path):
         k.run(secure_boot=True)
     assert e.value.phase == "module_wrong_key" and "/var/lib/dkms/mok.key" in e.value.msg
     assert len(e.value.evidence) == 2  # both kernels
+
+
+def test_a_fallback_kernel_without_headers_is_a_warning_not_a_failure(tmp_path):
+    host = Host(str(tmp_path), headers=(NEW,))
+    with open(os.path.join(host.params["proc_root"], "sys/kernel/osrelease"), "w") as f:
+        f.write(NEW + "\n")  # running the new kernel; the old one stays bootable, its headers gone from the repository
+    host.dkms = {NEW: "installed"}
+    d, k = kernels(host)
+    report = k.run(secure_boot=False)
+    assert [(r["kernel"], r["dkms"]) for r in report] == [(NEW, "installed"), (OLD, "added")]
+    assert len(host.warnings) == 1 and host.warnings[0].startswith("boot_kernel_headers_missing: kernel %s" % OLD)
