@@ -133,16 +133,14 @@ def order(units):
             ready = [u for u in sorted(info) if u not in done]
 
         def rank(u):
-            if u in before_guests:
-                return (0, u)
+            if u in before_guests:  # dkms.service, when the guests wait for it, as late as they allow
+                return (1 if u == DKMS else 0, u)
             if u == GUESTS:
-                return (1, u)
+                return (2, u)
             if u == DKMS:
-                return (3, u)
-            return (2 if u not in after_dkms else 4, u)
+                return (4, u)
+            return (5 if u in after_dkms else 3, u)
         pick = min(ready, key=rank)
-        if pick == DKMS and any(r not in after_dkms and r != DKMS for r in ready):
-            pick = min((r for r in ready if r != DKMS and r not in after_dkms), key=rank)
         seq.append(pick)
         done.add(pick)
     return seq
