@@ -12,7 +12,7 @@ import os
 import time
 
 from test_gpu_host_stage import play, recap
-from test_serve_safety import ask, serving  # noqa: F401  pylint: disable=unused-import  (fixture re-used)
+from test_serve_safety import ask, serving  # noqa: F401  pylint: disable=unused-import
 
 
 def wait_answering(lab, timeout=120):

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """kpro lab: the node's shutdown and the userspace half of its boot (what systemd does around a reboot).
 
     python3 /usr/lib/kpro-lab/boot.py shutdown   # guests stopped, services stopped (by PID), volatile /run cleared
@@ -148,7 +147,7 @@ def order(units):
 
 def systemctl(*args):
     return subprocess.run(["systemctl"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True)
+                          universal_newlines=True, check=False)
 
 
 def start_unit(name):
@@ -185,7 +184,7 @@ def start_guests():
     """pve-guests.service: ExecStart=/usr/bin/pvesh --nooutput create /nodes/localhost/startall."""
     journal("systemd[1]", "Starting PVE guests...")
     r = subprocess.run(["pvesh", "--nooutput", "create", "/nodes/localhost/startall"], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, universal_newlines=True)
+                       stderr=subprocess.STDOUT, universal_newlines=True, check=False)
     journal("pve-guests[%d]" % os.getpid(), r.stdout)
     journal("systemd[1]", "Finished PVE guests." if r.returncode == 0 else "Failed to start PVE guests.")
     return r.returncode == 0
@@ -218,7 +217,7 @@ def cmd_shutdown():
             continue
         if g.get("type") == "lxc":
             r = subprocess.run(["pct", "stop", str(vmid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               universal_newlines=True)
+                               universal_newlines=True, check=False)
             journal("pve-guests[%d]" % os.getpid(), "Stopping CT %s%s" % (vmid, (": " + r.stdout.strip()) if r.returncode else ""))
         else:
             pidfile = P("run/qemu-server/%s.pid" % vmid)
@@ -235,7 +234,7 @@ def cmd_shutdown():
             journal("systemd[1]", "Stopped %s." % parse(name)["Description"])
     # /run is a tmpfs: what the services left there is gone after the reboot
     for rel in ("run/kpro-lab-systemd", "run/nvidia-persistenced"):
-        subprocess.run(["rm", "-rf", P(rel)])
+        subprocess.run(["rm", "-rf", P(rel)], check=False)
     for pidfile in glob.glob(P("run/qemu-server/*.pid")):
         os.unlink(pidfile)
     journal("systemd[1]", "Reached target System Reboot.")
