@@ -49,3 +49,33 @@ def test_reboot_of_a_converged_host_brings_the_server_back_without_a_playbook_ru
     r = play("--check", "--tags", "serve")
     assert recap(r.stdout)["failed"] == 0 and recap(r.stdout, "ct129")["failed"] == 0, r.stdout[-4000:]
     print("check-mode gate after the reboot: %.0fs in all" % (time.time() - t0))
+
+
+def test_kernel_upgrade_without_headers_strands_the_gpus_at_the_next_boot(serving):
+    """The failure issue 14 is about, as the lab now shows it: apt full-upgrade brings a kernel whose headers are not
+    there, dkms's hook skips it, and at the next boot the device-node unit fails and PVE refuses CT 129."""
+    lab = serving
+    import labstate
+    old = lab.state()["kernel"]["release"]
+    new = labstate.next_release(old)
+    lab.labctl("publish-kernel", new, "--no-headers")
+    up = lab.sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get full-upgrade -y -q 2>&1")
+    assert "Setting up proxmox-kernel-%s" % new in up.stdout, up.stdout[-3000:]
+    assert "autoinstall for kernel %s was skipped since the kernel headers" % new in up.stdout, up.stdout[-3000:]
+    assert lab.exec("proxmox-boot-tool", "kernel", "list").stdout.rstrip().endswith(new)
+    try:
+        assert "kpro5 rebooted into %s" % new in lab.labctl("reboot").stdout
+        r = lab.exec("modprobe", "nvidia", check=False)
+        assert r.stderr.strip() == "modprobe: FATAL: Module nvidia not found in directory /lib/modules/%s" % new
+        assert "stopped" in lab.exec("pct", "status", "129").stdout
+        journal = open(os.path.join(lab.root, "var/log/kpro-lab/journal.log")).read().rsplit("-- Boot", 1)[-1]
+        assert "Failed to start Create NVIDIA device nodes for LXC guests." in journal, journal[-3000:]
+        assert "Starting CT 129 failed: Device /dev/nvidia" in journal and "does not exist" in journal, journal[-3000:]
+    finally:
+        # the operator's way back: the previous kernel for one boot, then the unusable kernel removed
+        lab.exec("proxmox-boot-tool", "kernel", "pin", old, "--next-boot")
+        assert "kpro5 rebooted into %s" % old in lab.labctl("reboot").stdout
+        lab.sh("DEBIAN_FRONTEND=noninteractive apt-get remove -y -q proxmox-kernel-%s" % new)
+    assert new not in lab.state()["kernel"]["installed"]
+    answered, _waited = wait_answering(lab)
+    assert answered[:2] == ["200", "200"], answered

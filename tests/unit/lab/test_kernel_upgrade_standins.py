@@ -121,6 +121,8 @@ def test_dkms_signs_with_the_framework_key_or_its_own_and_modinfo_shows_it(host)
     assert "Certificate or key are missing, generating self signed certificate for MOK..." in r.stdout
     assert os.path.exists(host.p("/var/lib/dkms/mok.key")) and os.path.exists(host.p("/var/lib/dkms/mok.pub"))
     assert host.state()["nvidia"]["kernel_modules"][NEW_RELEASE]["signer"] == "DKMS module signing key"
+    r = host.tool("/usr/sbin/dkms", "status")  # the key files in /var/lib/dkms are not modules
+    assert r.returncode == 0 and "nvidia/%s, %s, x86_64: installed" % (VERSION, NEW_RELEASE) in r.stdout, r.stderr
     # no module for a kernel: kmod's message
     r = host.tool("/usr/sbin/modinfo", "-k", "6.8.12-4-pve", "nvidia")
     assert r.returncode == 1 and r.stderr == "modinfo: ERROR: Module nvidia not found.\n"

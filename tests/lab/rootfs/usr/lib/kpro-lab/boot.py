@@ -161,7 +161,7 @@ def start_unit(name):
     journal("systemd[1]", "Starting %s..." % d["Description"])
     r = systemctl("start", name)
     log = P("run/kpro-lab-systemd/%s.log" % name)
-    if os.path.exists(log):
+    if os.path.exists(log) and open(log).read().strip():
         journal(name.rsplit(".", 1)[0], open(log).read())
     if r.stdout.strip():
         journal("systemctl", r.stdout)

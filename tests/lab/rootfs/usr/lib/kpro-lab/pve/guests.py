@@ -255,7 +255,7 @@ def vm_vmstatus(vmid, conf=None):
 def _startup_order(conf):
     """``startup: order=N,up=S,down=S`` -> N (guests without an order start after those with one)."""
     for part in str(conf.get("startup") or "").split(","):
-        k, _, v = part.partition("=")
+        k, _sep, v = part.partition("=")
         if k.strip() == "order" and v.strip().isdigit():
             return int(v)
     return 1 << 31
