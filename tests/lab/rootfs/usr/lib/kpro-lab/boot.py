@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """kpro lab: the node's shutdown and the userspace half of its boot (what systemd does around a reboot).
 
     python3 /usr/lib/kpro-lab/boot.py shutdown   # guests stopped, services stopped (by PID), volatile /run cleared
@@ -133,16 +132,14 @@ def order(units):
             ready = [u for u in sorted(info) if u not in done]
 
         def rank(u):
-            if u in before_guests:
-                return (0, u)
+            if u in before_guests:  # dkms.service, when the guests wait for it, as late as they allow
+                return (1 if u == DKMS else 0, u)
             if u == GUESTS:
-                return (1, u)
+                return (2, u)
             if u == DKMS:
-                return (3, u)
-            return (2 if u not in after_dkms else 4, u)
+                return (4, u)
+            return (5 if u in after_dkms else 3, u)
         pick = min(ready, key=rank)
-        if pick == DKMS and any(r not in after_dkms and r != DKMS for r in ready):
-            pick = min((r for r in ready if r != DKMS and r not in after_dkms), key=rank)
         seq.append(pick)
         done.add(pick)
     return seq
@@ -150,7 +147,7 @@ def order(units):
 
 def systemctl(*args):
     return subprocess.run(["systemctl"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True)
+                          universal_newlines=True, check=False)
 
 
 def start_unit(name):
@@ -164,7 +161,7 @@ def start_unit(name):
     journal("systemd[1]", "Starting %s..." % d["Description"])
     r = systemctl("start", name)
     log = P("run/kpro-lab-systemd/%s.log" % name)
-    if os.path.exists(log):
+    if os.path.exists(log) and open(log).read().strip():
         journal(name.rsplit(".", 1)[0], open(log).read())
     if r.stdout.strip():
         journal("systemctl", r.stdout)
@@ -187,7 +184,7 @@ def start_guests():
     """pve-guests.service: ExecStart=/usr/bin/pvesh --nooutput create /nodes/localhost/startall."""
     journal("systemd[1]", "Starting PVE guests...")
     r = subprocess.run(["pvesh", "--nooutput", "create", "/nodes/localhost/startall"], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, universal_newlines=True)
+                       stderr=subprocess.STDOUT, universal_newlines=True, check=False)
     journal("pve-guests[%d]" % os.getpid(), r.stdout)
     journal("systemd[1]", "Finished PVE guests." if r.returncode == 0 else "Failed to start PVE guests.")
     return r.returncode == 0
@@ -220,7 +217,7 @@ def cmd_shutdown():
             continue
         if g.get("type") == "lxc":
             r = subprocess.run(["pct", "stop", str(vmid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               universal_newlines=True)
+                               universal_newlines=True, check=False)
             journal("pve-guests[%d]" % os.getpid(), "Stopping CT %s%s" % (vmid, (": " + r.stdout.strip()) if r.returncode else ""))
         else:
             pidfile = P("run/qemu-server/%s.pid" % vmid)
@@ -237,7 +234,7 @@ def cmd_shutdown():
             journal("systemd[1]", "Stopped %s." % parse(name)["Description"])
     # /run is a tmpfs: what the services left there is gone after the reboot
     for rel in ("run/kpro-lab-systemd", "run/nvidia-persistenced"):
-        subprocess.run(["rm", "-rf", P(rel)])
+        subprocess.run(["rm", "-rf", P(rel)], check=False)
     for pidfile in glob.glob(P("run/qemu-server/*.pid")):
         os.unlink(pidfile)
     journal("systemd[1]", "Reached target System Reboot.")

@@ -137,7 +137,7 @@ def cert_info(cert_path, hashalgo="sha512"):
         try:
             r = subprocess.run(["openssl", "x509", "-inform", form, "-in", full, "-noout", "-subject", "-serial",
                                 "-nameopt", "multiline"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               universal_newlines=True)
+                               universal_newlines=True, check=False)
         except OSError:
             return None
         if r.returncode != 0:

@@ -80,6 +80,8 @@ def _check_privsep(ctx, path):
 
 def _node(params):
     node = params.get("node")
+    if node == "localhost":  # the local node, as pvesh and the API's proxyto resolve it (pve-guests.service uses it)
+        node = params["node"] = pve.nodename()
     if node != pve.nodename():
         if not re.match(r"^[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?$", node or ""):
             raise param_exc({"node": "invalid format - value does not look like a valid node name"})

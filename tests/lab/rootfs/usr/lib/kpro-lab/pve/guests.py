@@ -255,7 +255,7 @@ def vm_vmstatus(vmid, conf=None):
 def _startup_order(conf):
     """``startup: order=N,up=S,down=S`` -> N (guests without an order start after those with one)."""
     for part in str(conf.get("startup") or "").split(","):
-        k, _, v = part.partition("=")
+        k, _sep, v = part.partition("=")
         if k.strip() == "order" and v.strip().isdigit():
             return int(v)
     return 1 << 31
@@ -270,7 +270,7 @@ def _vm_start_standin(vmid):
     code = "import os,sys,time; open(sys.argv[4], 'w').write('%d\\n' % os.getpid()); time.sleep(10**9)"
     subprocess.Popen([_sys.executable, "-c", code, "-id", str(vmid), "-pidfile", pidfile], stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    for _ in range(100):
+    for _attempt in range(100):
         if os.path.exists(pidfile):
             break
         time.sleep(0.02)
@@ -296,7 +296,7 @@ def startall(log, user="root@pam", force=False, vms=None):
             if not force and str(conf.get("onboot", "0")) not in ("1", "yes", "on", "true"):
                 continue
             todo.append((_startup_order(conf), vmid, kind, label))
-    for _order, vmid, kind, label in sorted(todo):
+    for _prio, vmid, kind, label in sorted(todo):
         if check_running(vmid):
             continue
         if kind != "lxc":
