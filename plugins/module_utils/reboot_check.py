@@ -123,7 +123,11 @@ def unit_problems(unit, show, unit_text):
     if show.get("UnitFileState") != "enabled":
         problems.append(("device_nodes_unit_not_ready", "%s is %s, not enabled: it will not run at boot" % (
             unit, show.get("UnitFileState") or "unknown"), "systemctl enable %s" % unit))
-    if GUESTS_UNIT not in (show.get("Before") or "").split():
+    # the next boot reads the unit file: its [Unit] Before= counts as well as systemd's loaded view (which also holds
+    # an After= of pve-guests.service and drop-ins)
+    before = (show.get("Before") or "").split() + [u for line in unit_text.splitlines() if line.strip().startswith("Before=")
+                                                   for u in line.split("=", 1)[1].split()]
+    if GUESTS_UNIT not in before:
         problems.append(("device_nodes_unit_not_ready", "%s is not ordered before %s: PVE may start the container before "
                          "the nodes exist" % (unit, GUESTS_UNIT), fix))
     return problems
