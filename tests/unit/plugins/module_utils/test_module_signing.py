@@ -88,7 +88,7 @@ FRAMEWORK_3_0_10 = """## This configuration file modifies the behavior of
 def test_framework_conf_edit_is_idempotent_and_keeps_the_file():
     assert ms.framework_settings([("/etc/dkms/framework.conf", FRAMEWORK_3_0_10)])["mok_signing_key"] == (ms.DKMS_OWN_KEY, None)
     new = ms.edit_framework_conf(FRAMEWORK_3_0_10, "/root/mok/MOK.priv", "/root/mok/MOK.der")
-    assert new.startswith(FRAMEWORK_3_0_10.split("# Automatically")[0].rstrip("\n"))
+    assert new.startswith(FRAMEWORK_3_0_10.split("# Automatically", maxsplit=1)[0].rstrip("\n"))
     assert "mok_signing_key=/root/mok/MOK.priv\nmok_certificate=/root/mok/MOK.der\n\n# Automatically" in new
     assert ms.edit_framework_conf(new, "/root/mok/MOK.priv", "/root/mok/MOK.der") == new
     eff = ms.framework_settings([("/etc/dkms/framework.conf", new)])
