@@ -65,6 +65,14 @@ HOST_PHASES = (
     ("model_no_space", "the disk has too little free space for the model"),
     ("download_failed", "some model files failed to download (a re-run resumes them)"),
     ("download_died", "the background download ended without a result"),
+    ("boot_kernel_headers_missing", "a kernel that can boot has no headers and they cannot be installed: DKMS cannot build for it"),
+    ("dkms_build_failed", "DKMS could not build the NVIDIA module for a kernel that can boot (make.log's end is the evidence)"),
+    ("module_unsigned", "Secure Boot is on and the NVIDIA module of a kernel that can boot carries no signature"),
+    ("module_wrong_key", "Secure Boot is on and the NVIDIA module is (or would be) signed by another key than the enrolled one"),
+    ("signing_key_not_enrolled", "the certificate the modules are signed with is not an enrolled MOK (mokutil --test-key)"),
+    ("next_boot_module_missing", "the kernel the next boot starts has no NVIDIA module of the requested version"),
+    ("device_nodes_unit_not_ready", "the device-node unit is missing, not enabled, or not ordered before pve-guests.service"),
+    ("ct_passthrough_unresolvable", "a devN entry of the GPU container names a node nothing creates at boot"),
 )
 
 PHASES = tuple(name for name, _meaning in SERVE_PHASES)

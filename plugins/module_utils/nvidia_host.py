@@ -14,6 +14,7 @@ import tempfile
 from ansible.module_utils.urls import fetch_url
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.driver_kernels import Kernels
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import VOCABULARY, Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, read_text
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts, read_proc_driver_version
@@ -252,9 +253,18 @@ class Driver(object):
         facts = self.nvml()
         if not (self.m.check_mode and action != "none"):
             self.verify(facts)
+        kernels = self.every_kernel()
         loaded = self.loaded()
         self.m.exit_json(changed=self.changed, action=action, reason=reason, kernel_release=kernel,
-                         host_version=loaded and loaded["version"], nvml=facts, steps=self.log, diff=self.diff)
+                         host_version=loaded and loaded["version"], nvml=facts, steps=self.log, diff=self.diff,
+                         kernels=kernels.report, next_boot_kernel=getattr(kernels, "next_boot", None))
+
+    def every_kernel(self):
+        """The module built (and signed under Secure Boot) for every kernel that can boot, not only the running one."""
+        kernels = Kernels(self, self.version)
+        if self.p["all_kernels"]:
+            kernels.run(bool(ni.secure_boot_enabled(self.p["efivars_dir"])))
+        return kernels
 
     def userspace(self):
         loaded = self.loaded()

@@ -20,6 +20,13 @@ description:
   - In C(userspace) mode (inside an LXC container), installs the same version's userspace only
     (C(--no-kernel-modules)); the version defaults to the host's, read from C(/proc/driver/nvidia/version).
     Done when NVML in the container reports the host's exact version.
+  - In C(host) mode, also makes sure the module is built and installed through DKMS for every kernel that can boot
+    (C(proxmox-boot-tool kernel list) and its pins, else the images in C(/boot)), the next-boot kernel included,
+    installing C(proxmox-headers-<kernel>) where they are missing (O(install_headers)); RV(kernels) reports each kernel.
+  - Under Secure Boot with O(module_signing_key)/O(module_signing_cert), DKMS's C(mok_signing_key)/C(mok_certificate)
+    in C(/etc/dkms/framework.conf) are set to that key (the old file is kept as C(framework.conf.kpro-gpu-serving.bak)),
+    so that every later DKMS rebuild is signed with it; each kernel's module is then verified from its own signature
+    (C(modinfo) C(signer)/C(sig_key) against the certificate's issuer and serial) and rebuilt when signed by another key.
   - Does nothing when the requested state is already there.
 author:
   - kpro.gpu_serving developers (!UNKNOWN)
@@ -92,8 +99,31 @@ options:
     description: Private key to sign the kernel module with when Secure Boot is on (path on the target).
     type: path
   module_signing_cert:
-    description: Public certificate matching O(module_signing_key) (enrolled as a MOK).
+    description: Public certificate matching O(module_signing_key) (enrolled as a MOK), PEM or DER.
     type: path
+  all_kernels:
+    description:
+      - Build (and under Secure Boot verify) the module for every kernel that can boot, not only the running one
+        (host mode). A kernel without headers that cannot be installed fails C(boot_kernel_headers_missing), a failed
+        build C(dkms_build_failed) with the end of DKMS's make.log.
+    type: bool
+    default: true
+  dkms_framework_conf:
+    description: Internal, for tests only (do not set) - DKMS's framework.conf.
+    type: path
+    default: /etc/dkms/framework.conf
+  boot_dir:
+    description: Internal, for tests only (do not set) - where the kernel images are.
+    type: path
+    default: /boot
+  modules_root:
+    description: Internal, for tests only (do not set) - the root of the kernels' module trees.
+    type: path
+    default: /lib/modules
+  dkms_tree:
+    description: Internal, for tests only (do not set) - DKMS's tree.
+    type: path
+    default: /var/lib/dkms
   proc_root:
     description: Internal, for tests only (do not set) - the root of procfs.
     type: path
@@ -121,7 +151,8 @@ attributes:
 notes:
   - Named failures (C(phase), also in RV(failure)) are C(bad_version), C(bad_checksum), C(installer_missing), C(installer_version),
     C(secure_boot_unsigned_module), C(headers_unavailable), C(installer_failed), C(checksum_mismatch),
-    C(driver_not_loaded), C(version_mismatch), C(gpu_mismatch).
+    C(driver_not_loaded), C(version_mismatch), C(gpu_mismatch), C(boot_kernel_headers_missing), C(dkms_build_failed),
+    C(module_unsigned), C(module_wrong_key).
 """
 
 EXAMPLES = r"""
@@ -166,6 +197,23 @@ nvml:
   description: NVML facts after the run (see gpu_facts), or the reason NVML is unavailable.
   returned: always
   type: dict
+kernels:
+  description:
+    - One entry per kernel that can boot, newest first - C(kernel), C(running), C(next_boot), C(headers) (present),
+      C(headers_package), C(dkms) (C(installed), C(built), C(added), C(failed) or null), C(action) (C(build),
+      C(install_headers), C(resign), C(none)) where one was taken, C(make_log)/C(make_log_tail) for a failed build,
+      C(signer)/C(sig_key) under Secure Boot.
+    - Also returned with a failure of this list.
+  returned: host mode
+  type: list
+  elements: dict
+  sample: [{"kernel": "6.8.12-10-pve", "running": false, "next_boot": true, "headers": true,
+            "headers_package": "proxmox-headers-6.8.12-10-pve", "dkms": "installed", "action": "build"}]
+next_boot_kernel:
+  description: The kernel the next boot starts (the next-boot pin, else the pin, else the newest).
+  returned: host mode
+  type: str
+  sample: 6.8.12-10-pve
 failure:
   description: The failure's old name, kept for playbooks that read it; the same as C(phase) except for an NVML reason
     (C(phase) C(nvml_unavailable), this field the reason).
@@ -180,7 +228,7 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Fa
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvidia_host import Driver
 
-ROOTS = dict(proc_root="/proc")  # a test-only root, documented as internal
+ROOTS = dict(proc_root="/proc", dkms_framework_conf="/etc/dkms/framework.conf", boot_dir="/boot", modules_root="/lib/modules", dkms_tree="/var/lib/dkms")
 
 
 def main():
@@ -202,6 +250,7 @@ def main():
             expected_gpu_name=dict(type="str"),
             module_signing_key=dict(type="path", no_log=False),
             module_signing_cert=dict(type="path"),
+            all_kernels=dict(type="bool", default=True),
             efivars_dir=dict(type="path", default="/sys/firmware/efi/efivars"),
             systemd_dir=dict(type="path", default="/etc/systemd/system"),
             timeout=dict(type="int", default=1800),

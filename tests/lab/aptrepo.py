@@ -6,8 +6,14 @@
   release of the node's ``kernel.headers_available``, ``proxmox-headers-<major.minor>`` and
   ``proxmox-default-headers``, with the dependency chain of the real meta packages (default-headers ->
   headers-6.8 -> the newest headers-6.8.x-y-pve). A header package ships what the real one does for the
-  build (``/usr/src/linux-headers-<release>`` and the ``/lib/modules/<release>/build`` link); its postinst
-  records the release in the lab state (the installer and dkms stand-ins read it).
+  build (``/usr/src/linux-headers-<release>`` with ``scripts/sign-file``, and the ``/lib/modules/<release>/build``
+  link); its postinst records the release in the lab state (the installer and dkms stand-ins read it) and runs
+  ``/etc/kernel/header_postinst.d`` (dkms's hook: autoinstall for that kernel).
+  The kernels: ``proxmox-kernel-<release>`` for each release of ``kernel.published`` (default: the installed
+  ones), with the meta chain ``proxmox-default-kernel`` -> ``proxmox-kernel-6.8`` -> the newest release
+  (pve-kernel-meta's debian/control). A kernel package ships ``/boot/vmlinuz-<rel>``, ``System.map``,
+  ``config`` and ``/lib/modules/<rel>``; its postinst records the release in the lab state and runs
+  ``/etc/kernel/postinst.d`` with the release and image path, as Proxmox's kernel postinst does.
 
 The node and container 129 reach them at ``rootfs_cache.APT_URL`` (the controller side of the lab's veth) through Debian's
 real apt-get and dpkg, so an unknown package fails with apt's own message. Index files come from
@@ -37,11 +43,56 @@ PY
 """
 
 
+HEADERS_HOOKS = """
+# Like the Debian/Proxmox headers postinst: the header_postinst.d hooks (dkms: autoinstall for this kernel)
+if [ -d /etc/kernel/header_postinst.d ]; then
+    DEB_MAINT_PARAMS="$*" run-parts --report --exit-on-error --arg=%(rel)s /etc/kernel/header_postinst.d
+fi
+"""
+
+# The kernel image package's postinst (pve-kernel debian/proxmox-kernel.postinst.in, the Debian kernel-image
+# template): depmod, then the postinst.d hooks with the release and the image path (initramfs-tools builds the
+# initrd, dkms autoinstalls for that kernel when its headers are there, zz-proxmox-boot copies it to the ESPs).
+# KPGS_LAB_SEED: the stock host's own kernels are registered with dpkg at the lab's first boot; their hooks ran
+# when the host was installed (the seed holds their results), so they do not run again.
+KERNEL_POSTINST = """#!/bin/sh
+# kpro lab stand-in of proxmox-kernel-%(rel)s's postinst
+set -e
+[ "$1" = configure ] || exit 0
+python3 - <<'PY'
+import sys
+sys.path.insert(0, "/usr/lib/kpro-lab")
+import labstate
+with labstate.modify() as st:
+    labstate.register_kernel(st, "%(rel)s")
+PY
+[ -n "${KPGS_LAB_SEED:-}" ] && exit 0
+export DEB_MAINT_PARAMS="$*"
+export INITRD=Yes
+if [ -d /etc/kernel/postinst.d ]; then
+    run-parts --report --exit-on-error --arg=%(rel)s --arg=/boot/vmlinuz-%(rel)s /etc/kernel/postinst.d
+fi
+"""
+
+KERNEL_POSTRM = """#!/bin/sh
+# kpro lab stand-in of proxmox-kernel-%(rel)s's postrm: the release leaves the lab state's installed kernels
+set -e
+[ "$1" = remove ] || [ "$1" = purge ] || exit 0
+python3 - <<'PY'
+import sys
+sys.path.insert(0, "/usr/lib/kpro-lab")
+import labstate
+with labstate.modify() as st:
+    labstate.unregister_kernel(st, "%(rel)s")
+PY
+"""
+
+
 def _relkey(rel):
     return [int(x) if x.isdigit() else x for x in re.split(r"[.-]", rel)]
 
 
-def _deb(workdir, outdir, name, version, files=None, links=None, depends=None, postinst=None):
+def _deb(workdir, outdir, name, version, files=None, links=None, depends=None, postinst=None, postrm=None, modes=None):
     """Build one binary package with dpkg-deb (files: {path: text}, links: {path: target})."""
     tree = os.path.join(workdir, name)
     shutil.rmtree(tree, ignore_errors=True)
@@ -49,6 +100,8 @@ def _deb(workdir, outdir, name, version, files=None, links=None, depends=None, p
         os.makedirs(os.path.dirname(tree + path), exist_ok=True)
         with open(tree + path, "w") as f:
             f.write(text)
+        if (modes or {}).get(path):
+            os.chmod(tree + path, modes[path])
     for path, target in (links or {}).items():
         os.makedirs(os.path.dirname(tree + path), exist_ok=True)
         os.symlink(target, tree + path)
@@ -58,10 +111,11 @@ def _deb(workdir, outdir, name, version, files=None, links=None, depends=None, p
                % (name, version, "amd64" if files else "all", "Depends: %s\n" % depends if depends else "", name))
     with open(os.path.join(tree, "DEBIAN", "control"), "w") as f:
         f.write(control)
-    if postinst:
-        with open(os.path.join(tree, "DEBIAN", "postinst"), "w") as f:
-            f.write(postinst)
-        os.chmod(os.path.join(tree, "DEBIAN", "postinst"), 0o755)
+    for script, text in (("postinst", postinst), ("postrm", postrm)):
+        if text:
+            with open(os.path.join(tree, "DEBIAN", script), "w") as f:
+                f.write(text)
+            os.chmod(os.path.join(tree, "DEBIAN", script), 0o755)
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", tree, os.path.join(outdir, name + ".deb")],
                    check=True, stdout=subprocess.DEVNULL)
 
@@ -76,17 +130,38 @@ def header_files(rel):
             src + "/include/generated/uapi/linux/version.h":
                 "#define LINUX_VERSION_CODE %d\n" % ((major << 16) + (minor << 8)),
             src + "/include/generated/utsrelease.h": '#define UTS_RELEASE "%s"\n' % rel,
-            src + "/.config": "# kpro lab: the configuration of %s\nCONFIG_MODULES=y\nCONFIG_MODULE_SIG=y\n" % rel}
+            src + "/.config": "# kpro lab: the configuration of %s\nCONFIG_MODULES=y\nCONFIG_MODULE_SIG=y\n"
+                              "CONFIG_MODULE_SIG_HASH=\"sha512\"\n" % rel,
+            # dkms signs with /lib/modules/<rel>/build/scripts/sign-file when it exists (dkms 3.0.10
+            # prepare_signing(), /usr/sbin/dkms:915-936); Proxmox's headers ship it. The lab's dkms stand-in
+            # signs itself; this file is what it looks for.
+            src + "/scripts/sign-file": "#!/bin/sh\n# kpro lab: stand-in of the kernel's scripts/sign-file\nexit 0\n"}
 
 
 def _headers(workdir, outdir, rel):
     src = "/usr/src/linux-headers-%s" % rel
     _deb(workdir, outdir, "proxmox-headers-" + rel, rel.rsplit("-", 1)[0], files=header_files(rel),
-         links={"/lib/modules/%s/build" % rel: src}, postinst=POSTINST % {"rel": rel})
+         links={"/lib/modules/%s/build" % rel: src}, postinst=(POSTINST + HEADERS_HOOKS) % {"rel": rel},
+         modes={src + "/scripts/sign-file": 0o755})
 
 
-def build_pve(run, releases):
-    """apt/pve: the header packages of ``releases`` and the meta packages pointing at the newest."""
+def kernel_files(rel):
+    """The files of proxmox-kernel-<rel> that anything in the lab looks at (placeholders)."""
+    return {"/boot/vmlinuz-%s" % rel: "kpro lab: the image of Linux %s\n" % rel,
+            "/boot/System.map-%s" % rel: "kpro lab: System.map of %s\n" % rel,
+            "/boot/config-%s" % rel: "# kpro lab: the configuration of %s\nCONFIG_MODULES=y\nCONFIG_MODULE_SIG=y\n" % rel,
+            "/lib/modules/%s/modules.builtin" % rel: "",
+            "/lib/modules/%s/modules.order" % rel: ""}
+
+
+def _kernel(workdir, outdir, rel):
+    _deb(workdir, outdir, "proxmox-kernel-" + rel, rel.rsplit("-", 1)[0], files=kernel_files(rel),
+         postinst=KERNEL_POSTINST % {"rel": rel}, postrm=KERNEL_POSTRM % {"rel": rel})
+
+
+def build_pve(run, releases, kernels=None):
+    """apt/pve: the header packages of ``releases``, the kernel packages of ``kernels`` and the meta packages
+    pointing at the newest of each."""
     out = os.path.join(run, "build", "apt", "pve")
     work = os.path.join(run, "aptbuild")
     shutil.rmtree(out, ignore_errors=True)
@@ -99,6 +174,16 @@ def build_pve(run, releases):
     series = ".".join(newest.split(".")[:2])
     _deb(work, out, "proxmox-headers-" + series, newest.rsplit("-", 1)[0], depends="proxmox-headers-" + newest)
     _deb(work, out, "proxmox-default-headers", "1.1.0", depends="proxmox-headers-" + series)
+    if kernels:
+        for rel in kernels:
+            _kernel(work, out, rel)
+        newest = sorted(kernels, key=_relkey)[-1]
+        series = ".".join(newest.split(".")[:2])
+        # pve-kernel-meta: proxmox-kernel-6.8 depends on the signed image or the unsigned one of the newest ABI;
+        # the lab builds the unsigned name only (apt takes the alternative that exists)
+        _deb(work, out, "proxmox-kernel-" + series, newest.rsplit("-", 1)[0],
+             depends="proxmox-kernel-%s-signed | proxmox-kernel-%s" % (newest, newest))
+        _deb(work, out, "proxmox-default-kernel", "1.1.0", depends="proxmox-kernel-" + series)
     _index(out)
 
 

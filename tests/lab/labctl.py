@@ -2,7 +2,8 @@
 """Start, stop and drive the lab's simulated Proxmox node kpro5 (run as root).
 
     labctl.py up | down [--keep-disk] | status | reset | root | exec -- CMD...
-    labctl.py reboot | kernel-upgrade [RELEASE]
+    labctl.py reboot | kernel-upgrade [RELEASE] | publish-kernel RELEASE [--no-headers]
+    labctl.py secure-boot on|off | mok-enroll CERT | mok-list
 
 See tests/lab/README.md. Everything ``up`` starts is recorded by PID (with its
 /proc/PID/stat start time) under tests/lab/.run/pids/ and ended by PID at ``down``.
@@ -425,15 +426,44 @@ def start_guests():
             log("CT %s: pct start rc=%d%s" % (vmid, r.returncode, (": " + r.stderr.strip()) if r.returncode else ""))
 
 
-def apt_mirror():
+def published_kernels(k):
+    """The kernel releases in the lab's pve repository: ``kernel.published`` (labctl publish-kernel), and the
+    installed ones (a host's own kernels came from that repository)."""
+    rels = list(k.get("installed") or [])
+    for r in k.get("published") or []:
+        if r not in rels:
+            rels.append(r)
+    return rels
+
+
+def apt_mirror(debian=True):
     """The lab's package mirror (aptrepo.py): Debian's packages from the pools, Proxmox's header stand-ins for
-    every release the node's kernel has headers available for."""
+    every release the node's kernel has headers available for, its kernel stand-ins for every published release."""
     t0 = time.time()
-    aptrepo.build_debian(RUN)
-    releases = (labstate.load(UPPER).get("kernel") or {}).get("headers_available") or []
-    aptrepo.build_pve(RUN, releases)
-    log("apt mirror: %d Debian packages, headers for %s (%.1fs)" % (
-        len(os.listdir(os.path.join(RUN, "build", "apt", "debian"))) - 2, ", ".join(releases), time.time() - t0))
+    if debian:
+        aptrepo.build_debian(RUN)
+    k = labstate.load(UPPER).get("kernel") or {}
+    releases = k.get("headers_available") or []
+    aptrepo.build_pve(RUN, releases, published_kernels(k))
+    log("apt mirror: %d Debian packages, headers for %s, kernels %s (%.1fs)" % (
+        len(os.listdir(os.path.join(RUN, "build", "apt", "debian"))) - 2, ", ".join(releases),
+        ", ".join(published_kernels(k)), time.time() - t0))
+
+
+def register_stock_kernels():
+    """A PVE 8 host has its kernels installed as packages (proxmox-default-kernel -> proxmox-kernel-6.8 -> the
+    image packages): register the node's installed kernels with dpkg once, their hooks skipped (KPGS_LAB_SEED:
+    what they did at the host's install is in the seed), so that apt full-upgrade finds the meta packages."""
+    if subprocess.run(exec_argv(["dpkg-query", "-W", "proxmox-default-kernel"]), stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL).returncode == 0:
+        return
+    k = labstate.load(node_root()).get("kernel") or {}
+    pkgs = ["proxmox-default-kernel"] + ["proxmox-kernel-%s" % r for r in k.get("installed") or []]
+    r = subprocess.run(exec_argv(["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + pkgs),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                       env=dict(NODE_ENV, DEBIAN_FRONTEND="noninteractive", KPGS_LAB_SEED="1"))
+    if r.returncode != 0:
+        raise RuntimeError("registering the stock kernels with dpkg failed: %s" % r.stdout.strip()[-2000:])
 
 
 def apt_update():
@@ -549,6 +579,9 @@ def cmd_up(args):
         _wait_for(ssh_ok, 30, "ssh on %s" % NODE_IP)
         services_up()
         apt_update()
+        register_stock_kernels()
+        # a power-on of the kept disk: /dev is a fresh tmpfs; the enabled units (the device-node unit) run
+        boot_userspace("units")
         start_guests()
     except Exception as e:
         log("up failed: %s" % e)
@@ -629,13 +662,34 @@ def cmd_exec(args):
     return subprocess.run(exec_argv(argv), env=NODE_ENV).returncode
 
 
+def boot_userspace(what):
+    """Run the node's boot.py (``shutdown`` | ``units`` | ``boot``) inside the node; its output is logged."""
+    r = subprocess.run(exec_argv(["/usr/bin/python3", "/usr/lib/kpro-lab/boot.py", what]), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True, env=dict(NODE_ENV))
+    if r.returncode != 0:
+        raise RuntimeError("boot.py %s failed: %s" % (what, r.stdout.strip()[-2000:]))
+    log("boot.py %s: %s" % (what, r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "done"))
+
+
 def _reboot(release=None):
+    """A reboot: shutdown (guests and services stopped by PID), the kernel half of the boot into ``release`` or the
+    boot loader's choice (labstate.next_boot_release: next-boot pin, pin, newest installed), then systemd's
+    units and PVE's start of the onboot guests (boot.py)."""
     root = node_root()
+    boot_userspace("shutdown")
     with labstate.modify(root) as st:
         if release:
             labstate.install_kernel(st, release, root)
-        labstate.boot(st, root, release)
+        rel = release or labstate.next_boot_release(st, root)
+        k = st.setdefault("kernel", {})
+        if k.get("mok_pending"):  # MokManager at the console: the operator confirmed the pending enrolment
+            k.setdefault("mok_enrolled", [])
+            k["mok_enrolled"] += [c for c in k.pop("mok_pending") if c not in k["mok_enrolled"]]
+        labstate.boot(st, root, rel)
         rel = st["kernel"]["release"]
+    nbp = os.path.join(root, labstate.NEXT_BOOT_PIN)
+    if os.path.exists(nbp):  # proxmox-boot-cleanup.service: a next-boot pin holds for one boot
+        os.unlink(nbp)
     devdir = os.path.join(root, "dev")
     for name in os.listdir(devdir):  # a fresh devtmpfs: nodes made by nvidia-modprobe are gone
         if name.startswith("nvidia"):
@@ -643,11 +697,67 @@ def _reboot(release=None):
             shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
     with open(os.path.join(root, "var/lib/kpro-lab/calls.log"), "a") as f:
         f.write("%s labctl %s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), "kernel-upgrade" if release else "reboot", rel))
+    boot_userspace("boot")
     return rel
 
 
 def cmd_reboot(args):
     print("kpro5 rebooted into %s" % _reboot())
+    return 0
+
+
+def cmd_publish_kernel(args):
+    """A new kernel release in the lab's Proxmox repository (with its headers unless --no-headers); the node's
+    apt lists learn it at its next ``apt-get update``, as a host's do."""
+    root = node_root()
+    with labstate.modify(root) as st:
+        k = st.setdefault("kernel", {})
+        pub = k.setdefault("published", [])
+        if args.release not in pub:
+            pub.append(args.release)
+        ha = k.setdefault("headers_available", [])
+        if not args.no_headers and args.release not in ha:
+            ha.append(args.release)
+    apt_mirror(debian=False)
+    print("published proxmox-kernel-%s%s" % (args.release, "" if args.no_headers else " and proxmox-headers-%s" % args.release))
+    return 0
+
+
+def cmd_secure_boot(args):
+    """The firmware's Secure Boot switch (the EFI SecureBoot variable, efivars): the kernel enforces module
+    signatures from now on (set it, then reboot, as an operator would). Turning it on starts the MOK list
+    (kernel.mok_enrolled) if the lab had none: only enrolled keys are trusted then."""
+    with labstate.modify(node_root()) as st:
+        k = st.setdefault("kernel", {})
+        k["secure_boot"] = args.state == "on"
+        if args.state == "on" and k.get("mok_enrolled") is None:
+            k["mok_enrolled"] = []
+    print("Secure Boot %s" % ("enabled" if args.state == "on" else "disabled"))
+    return 0
+
+
+def cmd_mok_enroll(args):
+    """Enrol a certificate (a node path, DER or PEM) in the MOK list, as ``mokutil --import`` and MokManager's
+    confirmation at the next boot would."""
+    import nvlab
+    root = node_root()
+    os.environ["KPRO_LAB_ROOT"] = root
+    info = nvlab.cert_info(args.cert)
+    if not info:
+        raise SystemExit("labctl: %s is not a certificate (DER or PEM)" % args.cert)
+    with labstate.modify(root) as st:
+        k = st.setdefault("kernel", {})
+        enrolled = k.get("mok_enrolled") or []
+        entry = {"signer": info["signer"], "sig_key": info["sig_key"], "cert": args.cert}
+        if not any(e.get("sig_key") == entry["sig_key"] for e in enrolled):
+            enrolled.append(entry)
+        k["mok_enrolled"] = enrolled
+    print("enrolled %s (signer %s, sig_key %s)" % (args.cert, info["signer"], info["sig_key"]))
+    return 0
+
+
+def cmd_mok_list(args):
+    print(json.dumps((labstate.load(node_root()).get("kernel") or {}).get("mok_enrolled"), indent=1))
     return 0
 
 
@@ -730,6 +840,14 @@ def main(argv=None):
     sub.add_parser("reboot")
     p = sub.add_parser("kernel-upgrade")
     p.add_argument("release", nargs="?")
+    p = sub.add_parser("publish-kernel")
+    p.add_argument("release")
+    p.add_argument("--no-headers", action="store_true", help="the release's proxmox-headers package is not in the repository")
+    p = sub.add_parser("secure-boot")
+    p.add_argument("state", choices=("on", "off"))
+    p = sub.add_parser("mok-enroll")
+    p.add_argument("cert", help="path of the certificate on the node (DER or PEM)")
+    sub.add_parser("mok-list")
     p = sub.add_parser("uvm-reload")
     p.add_argument("major", nargs="?", type=int)
     sub.add_parser("_init")
@@ -739,7 +857,8 @@ def main(argv=None):
         return 0
     return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "reset": cmd_reset, "root": cmd_root, "exec": cmd_exec,
             "reboot": cmd_reboot, "kernel-upgrade": cmd_kernel_upgrade, "rebuild": cmd_rebuild,
-            "uvm-reload": cmd_uvm_reload}[args.cmd](args)
+            "uvm-reload": cmd_uvm_reload, "publish-kernel": cmd_publish_kernel, "secure-boot": cmd_secure_boot,
+            "mok-enroll": cmd_mok_enroll, "mok-list": cmd_mok_list}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -449,3 +449,26 @@ def test_config_lock_file_taken(pveroot):
         fcntl.flock(f, fcntl.LOCK_UN)
     assert p.wait(timeout=20) == 0
     assert "cores: 3\n" in pveroot.conf(130)
+
+
+# ---- pve-guests.service's startall (issue 14) ------------------------------------------------------------
+
+def test_startall_starts_onboot_guests_and_logs_a_refused_ct(pveroot):
+    """pve-manager Nodes.pm startall through pvesh as pve-guests.service runs it ('localhost' is the local node):
+    onboot guests by startup order then VMID; a CT whose devN node is missing is refused with PVE's message and the
+    startall task says "Starting CT <vmid> failed: <status>"; CTs without onboot stay stopped."""
+    conf = pveroot.conf(130)
+    head, sep, tail = conf.partition("\n[")
+    with open(pveroot.p("etc/pve/lxc/130.conf"), "w") as f:
+        f.write(head.rstrip("\n") + "\nonboot: 1\ndev0: /dev/nvidia-uvm,mode=0666\n" + sep + tail)
+    r = pveroot.tool("pvesh", "--nooutput", "create", "/nodes/localhost/startall")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "Starting CT 130\nStarting CT 130 failed: Device /dev/nvidia-uvm does not exist" in out, out
+    # 129 has startup order=3: before the guests without an order (pve-manager get_start_stop_list)
+    assert "Starting CT 129" in out and out.index("Starting CT 129") < out.index("Starting CT 130"), out
+    assert "kpro-lab: VM 101 (onboot, 0000:01:00,pcie=1) not started" in out
+    guests = pveroot.state()["guests"]
+    assert guests["129"]["status"] == "running" and guests.get("130", {}).get("status", "stopped") == "stopped"
+    r = pveroot.tool("pvesh", "get", "/nodes/localhost/tasks", "--output-format", "json")
+    assert '"type": "startall"' in r.stdout or '"startall"' in r.stdout, r.stdout[-2000:]

@@ -64,6 +64,14 @@ PHASE_TESTS = {
     "model_no_space": M + "test_hf_model.py::test_phases_of_a_download",
     "download_failed": M + "test_hf_model.py::test_phases_of_a_download",
     "download_died": M + "test_hf_model.py::test_watch_mode_result_running_and_died",
+    "boot_kernel_headers_missing": U + "test_driver_kernels.py::test_phase_boot_kernel_headers_missing_names_kernel_and_package",
+    "dkms_build_failed": U + "test_driver_kernels.py::test_phase_dkms_build_failed_keeps_the_make_log_tail",
+    "module_unsigned": U + "test_module_signing.py::test_phases_module_unsigned_and_module_wrong_key",
+    "module_wrong_key": U + "test_module_signing.py::test_phases_module_unsigned_and_module_wrong_key",
+    "signing_key_not_enrolled": U + "test_reboot_check.py::test_phase_signing_key_not_enrolled_and_dkms_own_key_named",
+    "next_boot_module_missing": U + "test_reboot_check.py::test_phase_next_boot_module_missing_names_kernel_and_headers_package",
+    "device_nodes_unit_not_ready": U + "test_reboot_check.py::test_phase_device_nodes_unit_not_ready",
+    "ct_passthrough_unresolvable": U + "test_reboot_check.py::test_phase_ct_passthrough_unresolvable",
 }
 
 

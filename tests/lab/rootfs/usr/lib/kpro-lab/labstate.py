@@ -42,6 +42,10 @@ errno whose ``str()`` is the message the real tool prints; ``st`` is the state d
   Boot
     boot(st, root=None, release=None) -> None          # reboot into release (default running)
     install_kernel(st, release, root=None) -> None     # package install: initramfs + ESP refresh
+    register_kernel(st, release) / unregister_kernel(st, release)  # the kernel package's postinst / postrm
+    next_boot_release(st, root=None) -> str            # what the boot loader boots: next-boot pin, pin, newest
+    boot_kernels(st, root=None) -> (manual, automatic, pinned, next_boot)  # proxmox-boot-tool kernel list
+    module_signature_ok(st, release=None) -> (bool, why)  # Secure Boot: signed by an enrolled key
     initramfs_update(st, root=None, releases=None); boot_refresh(st, root=None)  # the fakes' backends
     read_modprobe_conf(root=None, files=None) -> dict; boot_cmdline(st, root=None) -> str
   Rendering (read by fakesys / the /proc overlay)
@@ -359,10 +363,11 @@ def kmod_load(st, name=None, params=None, root=None):
     if not module_available(st, name, release):
         raise KernelError(errno.ENOENT, "modprobe: FATAL: Module %s not found in directory /lib/modules/%s" % (name, release))
     info = MODULES[name]
-    if info.get("out_of_tree") and _st_kernel(st).get("secure_boot"):
-        built = ((st.get("nvidia") or {}).get("kernel_modules") or {}).get(release) or {}
-        if not built.get("signed"):
-            raise KernelError(errno.EKEYREJECTED, "modprobe: ERROR: could not insert '%s': Key was rejected by service" % name)
+    if info.get("out_of_tree") and _st_kernel(st).get("secure_boot") and not module_signature_ok(st, release)[0]:
+        # kernel/module/signing.c module_sig_check(): with Secure Boot (lockdown) an unsigned module or one whose
+        # signer is not in the trusted keyrings (builtin + platform/MOK) fails with -EKEYREJECTED; kmod's modprobe
+        # prints "could not insert '%s': %s" with strerror (kmod tools/modprobe.c insmod error path)
+        raise KernelError(errno.EKEYREJECTED, "modprobe: ERROR: could not insert '%s': Key was rejected by service" % name)
     for dep in info.get("deps", []):
         kmod_load(st, dep)
     saved = copy.deepcopy({k: st.get(k) for k in ("modules", "pci", "majors")})
@@ -949,6 +954,69 @@ def boot(st, root=None, release=None):
     for ns in _plugins(root):
         if callable(ns.get("on_boot")):
             ns["on_boot"](_root(root), st)
+
+
+def module_signature_ok(st, release=None):
+    """(ok, why): may the kernel load the out-of-tree (nvidia) module built for ``release`` under Secure Boot?
+
+    The module must carry a signature (``nvidia.kernel_modules[rel].signed``) whose key is enrolled: its
+    ``sig_key`` is in ``kernel.mok_enrolled`` (the MOK list, ``labctl mok-enroll`` / ``mokutil --import`` + reboot).
+    A state without ``kernel.mok_enrolled`` (older labs, unit tests) trusts any signed module.
+    """
+    release = release or release_of(st)
+    built = ((st.get("nvidia") or {}).get("kernel_modules") or {}).get(release) or {}
+    if not built.get("signed"):
+        return False, "the module for %s is not signed" % release
+    enrolled = _st_kernel(st).get("mok_enrolled")
+    if enrolled is None:
+        return True, "signed"
+    keys = {(k.get("sig_key") or "").upper() for k in enrolled if isinstance(k, dict)}
+    if (built.get("sig_key") or "").upper() in keys:
+        return True, "signed by the enrolled key %s" % built.get("signer")
+    return False, "the module for %s is signed by %s (%s), which is not an enrolled key" % (
+        release, built.get("signer"), built.get("sig_key"))
+
+
+def register_kernel(st, release):
+    """The kernel package's files are on disk (its postinst, before the postinst.d hooks run)."""
+    k = _st_kernel(st)
+    if release not in k.setdefault("installed", []):
+        k["installed"].append(release)
+    k["installed"].sort(key=_relkey)
+
+
+def unregister_kernel(st, release):
+    k = _st_kernel(st)
+    k["installed"] = [r for r in k.get("installed") or [] if r != release]
+    k["headers"] = [r for r in k.get("headers") or [] if r != release]
+
+
+PIN_FILE = "etc/kernel/proxmox-boot-pin"
+NEXT_BOOT_PIN = "etc/kernel/next-boot-pin"
+MANUAL_KERNELS = "etc/kernel/proxmox-boot-manual-kernels"
+
+
+def boot_kernels(st, root=None):
+    """(manual, automatic, pinned, next_boot) as proxmox-boot-tool reads them (proxmox-kernel-helper
+    src/proxmox-boot-tool: MANUAL_KERNEL_LIST, PINNED_KERNEL_CONF, NEXT_BOOT_PIN). Automatic: the installed
+    kernels (the real list keeps the running, the newest and the previous one of each series; the lab keeps
+    all installed)."""
+    manual = [w for w in (_read(root, MANUAL_KERNELS) or "").split() if w]
+    auto = sorted(_st_kernel(st).get("installed") or [], key=_relkey)
+    pinned = (_read(root, PIN_FILE) or "").strip() or None
+    nxt = (_read(root, NEXT_BOOT_PIN) or "").strip() or None
+    return manual, auto, pinned, nxt
+
+
+def next_boot_release(st, root=None):
+    """The kernel the boot loader starts next: the next-boot pin, then the pin, then the newest kernel
+    (systemd-boot/GRUB sort the entries by version, newest first)."""
+    manual, auto, pinned, nxt = boot_kernels(st, root)
+    avail = set(manual) | set(auto)
+    for rel in (nxt, pinned):
+        if rel and rel in avail:
+            return rel
+    return sorted(avail, key=_relkey)[-1] if avail else release_of(st)
 
 
 def install_kernel(st, release, root=None, headers=False):

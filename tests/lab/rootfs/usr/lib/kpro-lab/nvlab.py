@@ -107,9 +107,13 @@ def headers_installed(st, release):
 
 # --- modules built per kernel -------------------------------------------------------
 
-def mark_built(st, release, version, mtype, signed, dkms):
+def mark_built(st, release, version, mtype, signed, dkms, sig=None):
+    """``sig``: {signer, sig_key, sig_hashalgo} of the signing certificate (:func:`cert_info`), when signed."""
     nv = st.setdefault("nvidia", {})
-    nv.setdefault("kernel_modules", {})[release] = {"version": version, "type": mtype, "signed": bool(signed), "dkms": bool(dkms)}
+    entry = {"version": version, "type": mtype, "signed": bool(signed), "dkms": bool(dkms)}
+    if signed and sig:
+        entry.update({k: sig.get(k) for k in ("signer", "sig_key", "sig_hashalgo")})
+    nv.setdefault("kernel_modules", {})[release] = entry
     avail = st.setdefault("modules", {}).setdefault("available", {})
     have = avail.get(release) or []
     avail[release] = sorted(set(have) | set(NVIDIA_MODULES))
@@ -120,6 +124,44 @@ def unmark_built(st, release):
     avail = (st.get("modules") or {}).get("available") or {}
     if release in avail:
         avail[release] = [m for m in avail[release] if m not in NVIDIA_MODULES]
+
+
+def cert_info(cert_path, hashalgo="sha512"):
+    """What ``modinfo`` shows of a module signed with this certificate: {signer: the subject's CN, sig_key: the
+    certificate's serial number as colon-separated hex (the PKCS#7 signer identifier; kmod libkmod-signature.c
+    prints it so), sig_hashalgo}. The certificate is DER (dkms's mok.pub, NVIDIA's --module-signing-public-key)
+    or PEM; read with openssl. None when it is not a certificate."""
+    import subprocess
+    full = path(cert_path)
+    for form in ("DER", "PEM"):
+        try:
+            r = subprocess.run(["openssl", "x509", "-inform", form, "-in", full, "-noout", "-subject", "-serial",
+                                "-nameopt", "multiline"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               universal_newlines=True, check=False)
+        except OSError:
+            return None
+        if r.returncode != 0:
+            continue
+        signer, serial = None, None
+        for line in r.stdout.splitlines():
+            line = line.strip()
+            if line.startswith("commonName"):
+                signer = line.split("=", 1)[1].strip()
+            elif line.startswith("serial="):
+                serial = line.split("=", 1)[1].strip()
+        if serial:
+            serial = serial if len(serial) % 2 == 0 else "0" + serial
+            return {"signer": signer or "", "sig_key": ":".join(serial[i:i + 2] for i in range(0, len(serial), 2)).upper(),
+                    "sig_hashalgo": hashalgo}
+    return None
+
+
+def ko_text(version, mtype, signed, sig=None):
+    """The placeholder .ko: the fields modinfo (the lab's stand-in) shows."""
+    text = "kpro-lab placeholder kernel module\nversion=%s\ntype=%s\nsigned=%d\n" % (version, mtype, 1 if signed else 0)
+    if signed and sig:
+        text += "signer=%s\nsig_key=%s\nsig_hashalgo=%s\n" % (sig.get("signer"), sig.get("sig_key"), sig.get("sig_hashalgo"))
+    return text
 
 
 def built_for(st, release):

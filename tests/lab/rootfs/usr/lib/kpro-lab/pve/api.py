@@ -80,6 +80,8 @@ def _check_privsep(ctx, path):
 
 def _node(params):
     node = params.get("node")
+    if node == "localhost":  # the local node, as pvesh and the API's proxyto resolve it (pve-guests.service uses it)
+        node = params["node"] = pve.nodename()
     if node != pve.nodename():
         if not re.match(r"^[a-zA-Z0-9]([a-zA-Z0-9\-]*[a-zA-Z0-9])?$", node or ""):
             raise param_exc({"node": "invalid format - value does not look like a valid node name"})
@@ -487,6 +489,17 @@ def lxc_reboot(ctx, params):
 
 
 # ---- qemu (read-only) --------------------------------------------------------------------------
+
+@route("POST", "/nodes/{node}/startall")
+def node_startall(ctx, params):
+    """pve-manager PVE/API2/Nodes.pm startall (pve-guests.service runs it at boot): a ``startall`` task."""
+    _node(params)
+    _only(params, ("node", "force", "vms"))
+    force = _bool(params, "force")
+    vms = params.get("vms")
+    return tasks.fork_worker("startall", "", ctx.user, lambda upid, log: guests.startall(log, ctx.user, force, vms),
+                             sync=ctx.cli, out=ctx.out)
+
 
 @route("GET", "/nodes/{node}/qemu")
 def qemu_list(ctx, params):
