@@ -29,6 +29,7 @@ SERVE_PHASES = (
     ("version_mismatch", "the NVIDIA userspace does not match the host's kernel module"),
     ("known_bad_version", "the SGLang version is refused by the compatibility table"),
     ("timeout", "the server did not become ready in time"),
+    ("rollback_failed", "a changed deployment failed its gate and the recorded previous one, restored, failed too"),
 )
 
 # What the host stages (driver, vfio release, container passthrough, packages, model download) fail on.
