@@ -138,12 +138,13 @@ def restore_venv(good, venvs_dir, identity=venv_identity):
 
 
 def rollback_plan(record, wanted, venvs_dir, identity=venv_identity):
-    """(restore, reason): the sglang_service arguments that bring the good deployment back, or None and why not."""
+    """(restore, reason): the sglang_service arguments that bring the good deployment back, or None and why not (None
+    too when the failing deployment is the good one: nothing changed, nothing else to roll back to)."""
     good = record.get("good")
     if not good:
         return None, "no deployment has passed the gate on this host since the record began: nothing to roll back to"
     if signature(good) == signature(wanted):
-        return None, "the failing deployment is the recorded good one (nothing changed): nothing else to roll back to"
+        return None, None  # nothing changed: the gate's own failure, as it is
     venv = restore_venv(good, venvs_dir, identity)
     if venv is None:
         return None, ("the venv of %s was not kept (neither %s nor %s holds lock %s)"
@@ -163,13 +164,25 @@ def record_failed(record, wanted, diagnosis, good, now=None):
     return new
 
 
+def _diagnosis_text(diagnosis, phase):
+    """The gate's message without its ``<phase>: `` prefix and `` Remedy: ...`` tail (Failure.result adds them again)."""
+    msg = (diagnosis.get("msg") or "").split(" Remedy: ")[0]
+    return msg[len(phase) + 2:] if msg.startswith(phase + ": ") else msg
+
+
+def not_rolled_back(diagnosis, reason):
+    """The gate's failure when there is nothing to roll back to (``reason`` None: nothing changed, the failure as it is)."""
+    phase = diagnosis.get("phase") or "not_started"
+    msg = _diagnosis_text(diagnosis, phase)
+    return Failure(phase, "%s; not rolled back: %s" % (msg, reason) if reason else msg, remedy=diagnosis.get("remedy") or "",
+                   evidence=diagnosis.get("evidence") or [], rolled_back=False)
+
+
 def rolled_back(diagnosis, good, restored_gate, failed_at, now=None):
     """The Failure that ends a rolled-back run: the new deployment's diagnosis, then whether the good one serves again."""
     now = time.time() if now is None else now
     phase = diagnosis.get("phase") or "not_started"
-    msg = (diagnosis.get("msg") or "").split(" Remedy: ")[0]
-    if msg.startswith(phase + ": "):
-        msg = msg[len(phase) + 2:]
+    msg = _diagnosis_text(diagnosis, phase)
     evidence = list(diagnosis.get("evidence") or [])
     if (restored_gate or {}).get("phase", "ready") == "ready" and not (restored_gate or {}).get("failed"):
         return Failure(phase, "%s; rolled back to %s, serving again (%.1f s after the failure)" % (msg, describe(good), now - failed_at),

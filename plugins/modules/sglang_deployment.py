@@ -157,8 +157,7 @@ def run(module, result):
     diagnosis = p["diagnosis"] or {}
     restore, reason = dp.rollback_plan(record, wanted, p["venvs_dir"])
     if restore is None:
-        raise Failure(diagnosis.get("phase") or "not_started", "%s; not rolled back: %s" % ((diagnosis.get("msg") or "").split(" Remedy: ")[0], reason),
-                      remedy=diagnosis.get("remedy") or "", evidence=diagnosis.get("evidence") or [])
+        raise dp.not_rolled_back(diagnosis, reason)
     new = dp.record_failed(record, wanted, diagnosis, record["good"])
     result.update(restore=restore, rolled_back_to=new["failed"]["rolled_back_to"], failed_at=new["failed"]["at"])
     return new

@@ -76,7 +76,7 @@ def test_rollback_plan_prefers_the_venv_itself_then_the_kept_one(tmp_path):
 
 def test_no_rollback_without_a_good_one_or_when_the_good_one_failed():
     assert dp.rollback_plan({}, dep(), "/x")[1].startswith("no deployment has passed the gate")
-    assert "nothing changed" in dp.rollback_plan({"good": dep()}, dep(), "/x")[1]
+    assert dp.rollback_plan({"good": dep()}, dep(), "/x") == (None, None)
 
 
 def test_the_same_failing_deployment_fails_fast_unless_retried():
@@ -111,3 +111,10 @@ def test_the_record_file_round_trips_0600(tmp_path):
     dp.save(path, {"good": dep()})
     assert dp.load(path) == {"good": dep()}
     assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_not_rolled_back_keeps_the_gates_failure_and_says_why():
+    diag = {"phase": "timeout", "msg": "timeout: launch 1 did not become ready Remedy: wait", "remedy": "wait", "evidence": ["x"]}
+    same = dp.not_rolled_back(diag, None)
+    assert (same.phase, same.msg, same.remedy, same.evidence) == ("timeout", "launch 1 did not become ready", "wait", ["x"])
+    assert dp.not_rolled_back(diag, "no deployment").msg == "launch 1 did not become ready; not rolled back: no deployment"
