@@ -11,7 +11,7 @@ module: sglang_deployment
 short_description: Record the SGLang deployment that passed the gate, and roll a failed change back to it
 version_added: "0.2.0"
 description:
-  - Keeps the deployment record of one SGLang unit in C(<state_dir>/<unit>-deployment.json): the last deployment
+  - Keeps the deployment record of one SGLang unit in C(<state_dir>/<unit>-deployment.json), with the last deployment
     that passed the gate (C(good)) and the last changed deployment that failed it (C(failed)). A deployment is the
     M(kpro.gpu_serving.sglang_service) arguments (venv, unit settings, SGLang options, environment; never the API
     key), the venv's SGLang version and lock sha256 (C(.kpro-lock.sha256)), and the model revision.
@@ -21,7 +21,7 @@ description:
   - O(state=failed), after a failed gate, records the failure and returns in RV(restore) the sglang_service
     arguments of the good deployment (its venv, or the copy sglang_install kept under O(venvs_dir)); it fails when
     there is nothing to roll back to.
-  - O(state=rolled_back), after the restored server's gate, always fails: with the new deployment's diagnosis and
+  - O(state=rolled_back), after the restored server's gate, always fails, with the new deployment's diagnosis and
     C(rolled back to <what>, serving again), or with RV(phase=rollback_failed) when the restored one failed too.
 author:
   - kpro.gpu_serving developers (!UNKNOWN)
