@@ -110,9 +110,9 @@ def fail_fast(record, wanted, retry):
     if retry or not failed or failed.get("signature") != signature(wanted):
         return None
     diag = failed.get("diagnosis") or {}
+    facts = (failed.get("at_text", "?"), diag.get("phase", "?"), failed.get("rolled_back_to", "?"), diag.get("msg", "?"))
     msg = ("this configuration failed the gate at %s (%s) and was rolled back to %s, which is still serving; nothing was "
-           "changed. Its diagnosis: %s" % (failed.get("at_text", "?"), diag.get("phase", "?"), failed.get("rolled_back_to", "?"),
-                                            diag.get("msg", "?")))
+           "changed. Its diagnosis: %s" % facts)
     return Failure(diag.get("phase") or "not_started", msg, evidence=diag.get("evidence") or [],
                    remedy="Fix the configuration (%s), or set sglang_server_rollback_retry=true to launch it again." % "; ".join(failed.get("changes") or []))
 

@@ -22,7 +22,7 @@ description:
     arguments of the good deployment (its venv, or the copy sglang_install kept under O(venvs_dir)); it fails when
     there is nothing to roll back to.
   - O(state=rolled_back), after the restored server's gate, always fails, with the new deployment's diagnosis and
-    C(rolled back to <what>, serving again), or with RV(phase=rollback_failed) when the restored one failed too.
+    C(rolled back to <what>, serving again), or with C(phase=rollback_failed) when the restored one failed too.
 author:
   - kpro.gpu_serving developers (!UNKNOWN)
 options:

@@ -70,7 +70,7 @@ def test_rollback_plan_prefers_the_venv_itself_then_the_kept_one(tmp_path):
     assert "api_key" not in restore
     # an options-only change: the venv itself still holds the good lock
     same = dep(venv=current, lock=NEW)
-    restore, _ = dp.rollback_plan({"good": same}, dep(venv=current, lock=NEW, context_length=1), venvs)
+    restore = dp.rollback_plan({"good": same}, dep(venv=current, lock=NEW, context_length=1), venvs)[0]
     assert restore["venv"] == current
 
 
