@@ -25,6 +25,7 @@ SERVE_PHASES = (
     ("port_in_use", "the server's port is taken by another process"),
     ("warmup_failed", "the server came up but its first request failed"),
     ("degenerate_output", "the server answers with degenerate text"),
+    ("wrong_answer", "the server answers readable text, but wrong: a known-answer check at temperature 0 failed"),
     ("gpu_memory_held", "GPU memory is held by another process, or was not released by the old server"),
     ("version_mismatch", "the NVIDIA userspace does not match the host's kernel module"),
     ("known_bad_version", "the SGLang version is refused by the compatibility table"),

@@ -20,8 +20,10 @@ import time
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import known_answer as ka
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import load_json
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import diagnose, parse_log, select_launch
 
@@ -105,6 +107,7 @@ class Gate(object):
         self.main_pid = None
         self.planned = planned_weights_mib(p["plan"], p["planned_weights_mib"])
         self.last_probe = None
+        self.last_known_answer = None
         self.http_state = None
         self.gpu_used = None
         self.exit_status = None
@@ -176,8 +179,8 @@ class Gate(object):
         res = detect_degenerate(text)
         out["degenerate"], out["reason"] = res["degenerate"], res["reason"]
         rx = self.p["expected_probe_regex"]
-        if not out["degenerate"] and rx and not re.search(rx, text or ""):
-            out["degenerate"], out["reason"] = True, "the text does not match %r" % rx
+        # readable text that misses the regex is a wrong answer (the known-answer check reports it), not garbage
+        out["matches"] = out["degenerate"] or not rx or bool(re.search(rx, text or ""))
         return out
 
     # ---- the loop -------------------------------------------------------------------
@@ -261,10 +264,42 @@ class Gate(object):
                 return res
             res = diagnose(text, probe={"text": probe["text"], "degenerate": probe["degenerate"], "reason": probe["reason"]}, elapsed_s=elapsed,
                            timeout_s=p["timeout"], stalled_s=stalled, **kw)
-            return res
+            return self.known_answer(res, probe) if res["phase"] == "ready" else res
         if res["phase"] == "loading":
             return self.fatal_in_log(text, kw, elapsed, stalled, now)
         return res
+
+    def model_config(self):
+        """The model's config.json (the compatibility table's architecture and conditions), or None."""
+        if not self.p.get("model_dir"):
+            return None
+        cfg = load_json(os.path.join(self.p["model_dir"], "config.json"))
+        return cfg if isinstance(cfg, dict) else None
+
+    def known_answer(self, res, probe=None):
+        """``res`` (ready) when the probe matched its regex and every known-answer check passes, else the failure
+        (wrong_answer, degenerate_output)."""
+        checks = ka.DEFAULT_CHECKS if self.p.get("known_answer_checks") is None else self.p["known_answer_checks"]
+        missed = probe is not None and probe.get("matches") is False
+        if not checks and not missed:
+            return res
+        kwargs = self.p.get("chat_template_kwargs")
+
+        def post(path, body):
+            return http("POST", self.base + path, self.p["api_key"], body=body, timeout=self.p["probe_timeout"])
+
+        result = ka.run_checks(post, checks, self.p["served_model_name"], ka.DEFAULT_CHAT_TEMPLATE_KWARGS if kwargs is None else kwargs)
+        if missed:
+            result["checks"].insert(0, ka.probe_check(self.p["probe_prompt"], self.p["expected_probe_regex"], probe.get("text")))
+            result["passed"] = False
+        self.last_known_answer = result
+        if result["passed"]:
+            res["evidence"].append("known-answer checks passed: %d in %.2fs" % (len(result["checks"]), result["elapsed_s"]))
+            return res
+        cfg = self.model_config()
+        arch = ((cfg or {}).get("architectures") or [None])[0]
+        bad = ka.failure(result, (res.get("facts") or {}).get("server_args"), self.p.get("sglang_version"), arch, cfg)
+        return dict(res, phase=bad["phase"], evidence=bad["evidence"] + res["evidence"], remedy=bad["remedy"])
 
     def fatal_in_log(self, text, kw, elapsed, stalled, now):
         """A fatal error this launch's log shows while the process still lives (a child hangs on, or the unit restarted
@@ -293,7 +328,8 @@ class Gate(object):
         out = dict(changed=False, phase=res["phase"], evidence=res["evidence"], remedy=res["remedy"], facts=facts,
                    waited_s=round(time.time() - self.t0, 2), gpu_used_mib=self.gpu_used, exit_status=self.exit_status,
                    endpoint={"base_url": self.base, "served_model_name": self.p["served_model_name"]}, launch_id=self.p["launch_id"],
-                   log_path=self.log_path, probe=self.last_probe, kv_tokens=facts.get("kv_tokens"), nrestarts=self.nrestarts)
+                   log_path=self.log_path, probe=self.last_probe, known_answer=self.last_known_answer, kv_tokens=facts.get("kv_tokens"),
+                   nrestarts=self.nrestarts)
         if res["phase"] == "ready":
             out["time_to_ready_s"] = facts.get("time_to_ready_s", out["waited_s"])
         return out

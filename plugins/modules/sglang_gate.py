@@ -21,10 +21,18 @@ description:
   - "Ready means: the process is alive, every GPU holds at least 90% of the planned weights share
     (O(plan), O(planned_weights_mib)), C(/health) answers 200, C(/v1/models) lists O(served_model_name), and a deterministic
     completion (temperature 0, O(probe_max_tokens)) is not degenerate (empty, a run of newlines, a loop) and matches
-    O(expected_probe_regex)."
+    O(expected_probe_regex), and every known-answer check (O(known_answer_checks)) gets its exact answer."
+  - "The known-answer check asks, concurrently and at temperature 0, prompts with exact answers through the endpoints users
+    call: C(/v1/chat/completions) (the model's chat template, the server's reasoning parser; the answer must be in
+    C(content), not only in C(reasoning_content)) and C(/v1/completions). By default: counting from 1 to 20 one number per
+    line (a dropped or duplicated draft token shows), a multi-digit sum, a fact, an instruction with an exact output
+    format, and the mean log-probability of a greedy answer (measured; a check when C(min_mean_logprob) is set). A wrong
+    answer fails with V(wrong_answer) (garbage with V(degenerate_output)): the prompt, the expected and the received
+    text, and the suspects in order - speculative decoding when on (with how to turn it off), the SGLang version against
+    the compatibility table (O(sglang_version), the architecture from O(model_dir)), tp > 1."
   - "On failure the task fails with RV(phase) (V(not_started), V(init_failed_before_gpu), V(weights_oom),
     V(kv_cache_oom), V(nccl_error), V(cuda_graph_failed), V(port_in_use), V(warmup_failed), V(degenerate_output),
-    V(version_mismatch), V(timeout)), RV(evidence) (this launch's log lines, per-GPU MiB, exit status) and RV(remedy)."
+    V(wrong_answer), V(version_mismatch), V(timeout)), RV(evidence) (this launch's log lines, per-GPU MiB, exit status) and RV(remedy)."
   - On success it returns the time to ready, per-GPU MiB, the KV cache tokens from the log and the probe's tokens/s.
   - Only observes; never changes anything (C(changed) is always false).
 author:
@@ -124,6 +132,57 @@ options:
     description: A regular expression the probe's text must match (searched). Empty for none.
     type: str
     default: "(?i)paris"
+  known_answer_checks:
+    description:
+      - The known-answer checks, asked concurrently after the content probe passed (the probe's O(probe_timeout) each).
+        Default (not given) the collection's five (counting 1 to 20, 4823 + 7619, the capital of Japan, C([READY]), the
+        mean logprob of the answer to C(The capital city of France is)); an empty list turns the check off.
+    type: list
+    elements: dict
+    suboptions:
+      name:
+        description: A short name for the evidence.
+        type: str
+      endpoint:
+        description: C(chat) (C(/v1/chat/completions), chat template and reasoning parser) or C(completions) (C(/v1/completions), raw text).
+        type: str
+        choices: [chat, completions]
+        default: chat
+      prompt:
+        description: The user message (chat) or the prompt (completions).
+        type: str
+        required: true
+      expected:
+        description: The expected answer (for C(lines), one line per expected line).
+        type: str
+        required: true
+      match:
+        description:
+          - How the answer is compared after removing a closed thinking block, surrounding whitespace, a code fence, bold
+            markers or quotes and a trailing period.
+          - C(exact) equal; C(lines) line by line (empty lines, trailing punctuation ignored); C(number) the first number not
+            in the prompt (thousands separators allowed); C(word) a whole word, case-insensitively.
+        type: str
+        choices: [exact, lines, number, word]
+        default: exact
+      max_tokens:
+        description: Tokens the answer may take.
+        type: int
+        default: 64
+      min_mean_logprob:
+        description: When set, the mean log-probability of the answer's tokens must be at least this (SGLang returns logprobs).
+        type: float
+  chat_template_kwargs:
+    description:
+      - "The C(chat_template_kwargs) of the chat checks (what the model's chat template understands). Default
+        C({enable_thinking: false}) (Qwen3 answers without a thinking block); C({}) for none."
+    type: dict
+  sglang_version:
+    description: The installed SGLang version, for the compatibility table among the suspects of a wrong answer.
+    type: str
+  model_dir:
+    description: The model snapshot; its C(config.json) gives the architecture the compatibility table is asked about.
+    type: path
 extends_documentation_fragment: []
 attributes:
   check_mode:
@@ -204,6 +263,12 @@ kv_tokens:
   returned: success
   type: int
   sample: 242894
+known_answer:
+  description:
+    - The known-answer check - C(passed), C(elapsed_s), C(checks) (each C(name), C(endpoint), C(prompt), C(expected), C(received),
+      C(ok), C(kind) (V(wrong), V(degenerate), V(reasoning_only), V(low_logprob), V(http)), C(why), C(mean_logprob)).
+  returned: when the content probe passed
+  type: dict
 probe:
   description: The content probe - C(text), C(completion_tokens), C(elapsed_s), C(tokens_per_s), C(degenerate), C(reason).
   returned: when the server got as far as answering
@@ -263,6 +328,14 @@ def main():
             probe_timeout=dict(type="float", default=120),
             fatal_grace=dict(type="float", default=5.0),
             expected_probe_regex=dict(type="str", default="(?i)paris"),
+            known_answer_checks=dict(type="list", elements="dict", options=dict(
+                name=dict(type="str"), endpoint=dict(type="str", choices=["chat", "completions"], default="chat"),
+                prompt=dict(type="str", required=True), expected=dict(type="str", required=True),
+                match=dict(type="str", choices=["exact", "lines", "number", "word"], default="exact"),
+                max_tokens=dict(type="int", default=64, no_log=False), min_mean_logprob=dict(type="float"))),
+            chat_template_kwargs=dict(type="dict"),
+            sglang_version=dict(type="str"),
+            model_dir=dict(type="path"),
         ),
         required_one_of=[("unit", "pid"), ("log_path", "log_dir")],
         mutually_exclusive=[("unit", "pid")],
@@ -279,7 +352,8 @@ def main():
     if res["phase"] == "ready":
         module.exit_json(**out)
     who = module.params["unit"] or "PID %s" % module.params["pid"]
-    known = failure.Failure(res["phase"], "launch %s of %s did not become ready" % (out["launch_id"] or "?", who),
+    what = "answers, but fails the known-answer check" if out.get("known_answer") and not out["known_answer"]["passed"] else "did not become ready"
+    known = failure.Failure(res["phase"], "launch %s of %s %s" % (out["launch_id"] or "?", who, what),
                             remedy=res["remedy"], evidence=res["evidence"])
     failure.fail(module, known, **out)
 

@@ -17,7 +17,9 @@ Measures, over N runs each, with the gate's default poll interval (1 s):
   process mid weight-load, so only the process state tells (the silent-death path);
 - readiness latency: the ready line "The server is fired up and ready to roll!" written to
   this launch's log (its mtime when the line appeared, seen by a watcher thread) -> the gate
-  returned ``ready`` after /health, /v1/models and the content probe (target < 2 s).
+  returned ``ready`` after /health, /v1/models, the content probe and the known-answer check (target < 2 s);
+- the known-answer check's share of it: the same readiness with the check off (``known_answer_checks: []``), the
+  difference of the medians, and the check's own ``elapsed_s`` (target: no more than a few seconds).
 
 Prints median and max of each. Not a unit test: timings depend on the machine.
 Only processes this script started are ended, by PID.
@@ -79,10 +81,11 @@ def watch_ready(path, out, stop):
         time.sleep(0.002)
 
 
-def run_gate(lab, lid, poll):
+def run_gate(lab, lid, poll, **kw):
     args = {"pid": lab.proc.pid, "log_dir": str(lab.log_dir), "launch_id": lid, "base_url": "http://127.0.0.1:%d" % lab.port,
             "served_model_name": sl.MODEL_NAME, "timeout": 120, "poll_interval": poll, "planned_weights_mib": 26417,
             "gpu_baseline_mib": [sl.BASELINE, sl.BASELINE]}
+    args.update(kw)
     try:
         run_module(sglang_gate, args)
     except (AnsibleExitJson, AnsibleFailJson) as e:
@@ -134,13 +137,18 @@ def one(tmp, n, kind, poll):
         lab.launch(lid)
         out, stop = {}, threading.Event()
         threading.Thread(target=watch_ready, args=(str(lab.log_dir / ("sglang-%s.log" % lid)), out, stop), daemon=True).start()
-        t_end, res = run_gate(lab, lid, poll)
+        t_end, res = run_gate(lab, lid, poll, **({"known_answer_checks": []} if kind == "ready_off" else {}))
         stop.set()
         assert res["phase"] == "ready", (res["phase"], res["remedy"])
+        if kind == "ready":
+            KNOWN_ANSWER_S.append(res["known_answer"]["elapsed_s"])
         return t_end - out["t"]
     finally:
         lab.cleanup()
         mp.undo()
+
+
+KNOWN_ANSWER_S = []
 
 
 def main():
@@ -155,7 +163,7 @@ def main():
     factory = type("F", (), {"mktemp": lambda self, name: __import__("pathlib").Path(tempfile.mkdtemp(prefix=name, dir=tmp))})()
     sl.fakenvml.__wrapped__(factory)     # compile + preload the fake libnvidia-ml
     results = {}
-    for kind in ("fail", "kill", "ready"):
+    for kind in ("fail", "kill", "ready", "ready_off"):
         results[kind] = [one(tmp, i, kind, a.poll_interval) for i in range(a.runs)]
     print("gate latency over %d runs (poll_interval %.1f s, stand-in speed %s):" % (a.runs, a.poll_interval, a.speed))
     for kind, label, target in (("fail", "failure detection, kv_cache_oom drill (exit -> failed)", 3.0),
@@ -164,6 +172,11 @@ def main():
         v = results[kind]
         verdict = "OK" if max(v) < target else "OVER"
         print("  %-56s median %.3f s  max %.3f s  (target < %.0f s) %s" % (label, statistics.median(v), max(v), target, verdict))
+    off = results["ready_off"]
+    print("  %-56s median %.3f s  max %.3f s" % ("readiness, known-answer check off", statistics.median(off), max(off)))
+    added = statistics.median(results["ready"]) - statistics.median(off)
+    print("  %-56s %.3f s (medians); the check itself: median %.3f s, max %.3f s (target < 3 s) %s" % (
+        "known-answer check adds", added, statistics.median(KNOWN_ANSWER_S), max(KNOWN_ANSWER_S), "OK" if max(KNOWN_ANSWER_S) < 3 else "OVER"))
     return 0
 
 

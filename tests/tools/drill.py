@@ -11,7 +11,8 @@
 The lab is brought up (if it is down) and the stages before serve are converged (idempotent: a re-run
 changes nothing). For each drill the stand-in is told what to do through the lab's drill file (the
 node's /var/lib/kpro-lab/sglang-drill, which container 129 sees), the serve stage runs with
-sglang_server_force_restart=true, and the gate's result (phase, evidence, remedy) is printed. The
+sglang_server_force_restart=true (the output drills in REUSE: against the running server, no restart), and the
+gate's result (phase, evidence, remedy, the failed known-answer checks) is printed. The
 drill `gpu_memory_held` starts a foreign process in the container that holds GPU memory (ended by PID
 afterwards). Exit status 0 when every drill gave its expected phase, 1 otherwise.
 """
@@ -62,9 +63,17 @@ DRILLS = {
     "seed_nextn": ("init_failed_before_gpu", {"sglang_server_options": {
         "context_length": 65536, "mem_fraction_static": 0.85, "max_running_requests": None, "speculative_algorithm": "NEXTN",
         "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4}}),
+    # output drills: the stand-in reads them at every request, so they run against the running server (no restart); the
+    # known-answer check of the gate fails with the prompt, the expected and the received text
+    "dropped_draft_tokens": ("wrong_answer", {}),
+    "duplicated_tokens": ("wrong_answer", {}),
+    "wrong_answer_tp": ("wrong_answer", {}),
+    "reasoning_only": ("wrong_answer", {}),
 }
 # drills that are a configuration, not a behaviour of the stand-in (no drill file)
 NOT_STANDIN = ("gpu_memory_held", "seed_nextn")
+# drills against the running server: no forced restart, and the background gate polled every second
+REUSE = ("dropped_draft_tokens", "duplicated_tokens", "wrong_answer_tp", "reasoning_only")
 
 
 # what each failure's own evidence says; no other drill's evidence may show it (a stale log never leaks)
@@ -146,6 +155,17 @@ def untouched_digest():
     return out
 
 
+def print_known_answer(ka):
+    """The failed known-answer checks: the prompt, the expected and the received text."""
+    for c in [c for c in (ka or {}).get("checks") or [] if not c.get("ok")]:
+        print("check:    %s via %s: %s" % (c.get("name"), c.get("endpoint"), c.get("why")))
+        print("  prompt:   %r" % c.get("prompt"))
+        print("  expected: %r" % c.get("expected"))
+        print("  received: %r" % (c.get("received") if c.get("received") is not None else None))
+        if c.get("reasoning_content"):
+            print("  reasoning_content: %r" % c["reasoning_content"][:200])
+
+
 def run_drill(name, quiet=False):
     expected, extra = DRILLS[name]
     holder = None
@@ -154,7 +174,8 @@ def run_drill(name, quiet=False):
         # stop our server first: the check is about memory that is not ours
         play("--tags", "serve", "-e", "sglang_server_state=stopped")
         holder = start_foreign_holder()
-    args = ["--tags", "serve", "-e", "sglang_server_force_restart=true", "-e", "sglang_server_gate_timeout=120"]
+    args = ["--tags", "serve", "-e", "sglang_server_gate_timeout=120"]
+    args += ["-e", "sglang_server_gate_poll=1"] if name in REUSE else ["-e", "sglang_server_force_restart=true"]
     for k, v in extra.items():
         args += ["-e", json.dumps({k: v})]
     t0 = time.time()
@@ -183,6 +204,7 @@ def run_drill(name, quiet=False):
             print("gpu MiB:  %s   exit status: %s   launch: %s" % (res.get("gpu_used_mib"), res.get("exit_status"), res.get("launch_id")))
         if res.get("holders"):
             print("holders:  %s" % res.get("holders"))
+        print_known_answer(res.get("known_answer"))
     if not ok:
         print(r.stdout[-4000:])
     return ok, res

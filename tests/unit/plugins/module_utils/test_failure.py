@@ -28,6 +28,7 @@ PHASE_TESTS = {
     "port_in_use": U + "test_sglang_log.py::test_port_in_use_after_full_load_in_sglang_format",
     "warmup_failed": U + "test_sglang_log.py::test_fixture_gets_its_expected_phase",
     "degenerate_output": U + "test_sglang_log.py::test_degenerate_smoke_output_names_speculative_decoding",
+    "wrong_answer": U + "test_known_answer.py::test_failure_names_phase_prompt_expected_received_and_suspects",
     "gpu_memory_held": U + "test_sglang_log.py::test_pre_launch_phases",
     "version_mismatch": U + "test_nvidia_host.py::test_verify_names_why_nvml_is_not_right",
     "known_bad_version": M + "test_sglang_compat.py::test_failures_name_their_phase",

@@ -17,7 +17,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang.srt._kpro_lab import args as sargs
-from sglang.srt._kpro_lab import gpustate, scheduler, util
+from sglang.srt._kpro_lab import generate, gpustate, scheduler, util
 from sglang.version import __version__
 
 STARTING, UP, UNHEALTHY = "Starting", "Up", "UnHealthy"
@@ -372,23 +372,7 @@ def truncate(text, max_tokens):
 
 
 def answer(prompt, completion=False):
-    p = (prompt or "").strip()
-    low = p.lower()
-    m = re.search(r"(-?\d+)\s*([+*x\-])\s*(-?\d+)", p)
-    if m and ("what is" in low or "answer" in low or "=" in low or "compute" in low):
-        x, op, y = int(m.group(1)), m.group(2), int(m.group(3))
-        return str(x + y if op == "+" else x - y if op == "-" else x * y)
-    if "capital" in low and "france" in low:
-        if completion:
-            return " Paris. It is the largest city in France and has been the country's capital for centuries."
-        return "The capital of France is Paris."
-    if "describe the image" in low:
-        return "The image is a small, plain square."
-    if re.search(r"\b(hello|hi)\b", low):
-        return "Hello! How can I help you today?"
-    if completion:
-        return " a deterministic continuation from the SGLang lab stand-in, which answers every request the same way."
-    return "This is a deterministic answer from the SGLang lab stand-in: the request was received and processed correctly."
+    return generate.answer(prompt, completion)
 
 
 def degenerate(mode, max_tokens):
@@ -560,10 +544,11 @@ class _Handler(BaseHTTPRequestHandler):
         prompt_tokens = count_tokens(prompt) + (0 if completion else 9)
         if prompt_tokens >= (m.rank_info.get(0, {}).get("max_req_input_len") or 1 << 30):
             return None
+        modes = self.modes = generate.live_modes(m.a.tp_size)
         if m.degenerate:
             text, hit_len = degenerate(m.degenerate, max_tokens)
         else:
-            text, hit_len = truncate(answer(prompt, completion), max_tokens)
+            text, hit_len = truncate(generate.spoil(generate.answer(prompt, completion, wrong="wrong_answer_tp" in modes), modes), max_tokens)
         ctoks = count_tokens(text) or 1
         prefix = " TP0"
         hybrid = m.facts.hybrid
@@ -630,6 +615,13 @@ class _Handler(BaseHTTPRequestHandler):
         text, pt, ct, hit_len = r
         pt += extra
         finish = "length" if hit_len else "stop"
+        wrong = "wrong_answer_tp" in self.modes
+        logprobs = None
+        if body.get("logprobs") and not body.get("stream"):
+            logprobs = generate.logprobs(text, chat, wrong)
+        reasoning = None
+        if chat and "reasoning_only" in self.modes:
+            text, reasoning = None, text
         rid = uuid.uuid4().hex
         usage = {"prompt_tokens": pt, "total_tokens": pt + ct, "completion_tokens": ct, "prompt_tokens_details": None, "reasoning_tokens": 0}
         now = int(time.time())
@@ -647,12 +639,12 @@ class _Handler(BaseHTTPRequestHandler):
             data = "".join("data: %s\n\n" % json.dumps(c) for c in chunks) + "data: [DONE]\n\n"
             return self._send(200, data, ctype="text/event-stream; charset=utf-8")
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None},
-                      "logprobs": None, "finish_reason": finish, "matched_stop": None if hit_len else 248046}
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": reasoning, "tool_calls": None},
+                      "logprobs": logprobs, "finish_reason": finish, "matched_stop": None if hit_len else 248046}
             out = {"id": rid, "object": "chat.completion", "created": now, "model": model, "choices": [choice], "usage": usage,
                    "metadata": {"weight_version": "default"}}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": None if hit_len else 248046}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish, "matched_stop": None if hit_len else 248046}
             out = {"id": rid, "object": "text_completion", "created": now, "model": model, "choices": [choice], "usage": usage,
                    "metadata": {"weight_version": "default"}}
         return self._send(200, out)

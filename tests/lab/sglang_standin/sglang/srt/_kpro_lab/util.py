@@ -16,6 +16,8 @@ KNOWN_DRILLS = (
     "kv_cache_oom", "weights_oom", "init_failed_before_gpu", "nccl_error", "cuda_graph_failed",
     "port_in_use", "warmup_failed", "degenerate_output", "degenerate_loop", "leftover_child",
     "slow_load", "hang",
+    # output drills, read at every request (generate.py)
+    "dropped_draft_tokens", "duplicated_tokens", "wrong_answer_tp", "reasoning_only",
 )
 
 
