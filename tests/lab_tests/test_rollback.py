@@ -19,7 +19,8 @@ from test_serve_safety import ask, ct, serving, unit_props  # noqa: F401  pylint
 
 RECORD = "/var/lib/kpro-gpu-serving/sglang-deployment.json"
 # the stand-in's failure for the new configuration, and the phase the gate gives it
-MODE, PHASE = "degenerate_output", "degenerate_output"
+# (wrong_answer_tp: plausible but wrong answers at tp > 1, the known-answer check's wrong_answer)
+MODE, PHASE = "wrong_answer_tp", "wrong_answer"
 SERVE = ("--tags", "serve", "--skip-tags", "preflight")
 
 
