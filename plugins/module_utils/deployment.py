@@ -164,6 +164,16 @@ def record_failed(record, wanted, diagnosis, good, now=None):
     return new
 
 
+# keys of a registered task result that are Ansible's, not the gate's
+_NOT_GATE_KEYS = ("phase", "msg", "remedy", "evidence", "failed", "changed", "invocation", "finished", "started", "results_file",
+                  "warnings", "deprecations", "exception")
+
+
+def gate_details(diagnosis):
+    """What else the failed gate returned (launch_id, gpu_used_mib, exit_status, known_answer...), kept in the failure."""
+    return dict((k, v) for k, v in diagnosis.items() if k not in _NOT_GATE_KEYS and not k.startswith(("_", "ansible_")))
+
+
 def _diagnosis_text(diagnosis, phase):
     """The gate's message without its ``<phase>: `` prefix and `` Remedy: ...`` tail (Failure.result adds them again)."""
     msg = (diagnosis.get("msg") or "").split(" Remedy: ")[0]
@@ -174,8 +184,10 @@ def not_rolled_back(diagnosis, reason):
     """The gate's failure when there is nothing to roll back to (``reason`` None: nothing changed, the failure as it is)."""
     phase = diagnosis.get("phase") or "not_started"
     msg = _diagnosis_text(diagnosis, phase)
+    details = gate_details(diagnosis)
+    details["rolled_back"] = False
     return Failure(phase, "%s; not rolled back: %s" % (msg, reason) if reason else msg, remedy=diagnosis.get("remedy") or "",
-                   evidence=diagnosis.get("evidence") or [], rolled_back=False)
+                   evidence=diagnosis.get("evidence") or [], **details)
 
 
 def rolled_back(diagnosis, good, restored_gate, failed_at, now=None):
@@ -185,8 +197,10 @@ def rolled_back(diagnosis, good, restored_gate, failed_at, now=None):
     msg = _diagnosis_text(diagnosis, phase)
     evidence = list(diagnosis.get("evidence") or [])
     if (restored_gate or {}).get("phase", "ready") == "ready" and not (restored_gate or {}).get("failed"):
+        details = gate_details(diagnosis)
+        details.update(serving_again_s=round(now - failed_at, 1), rolled_back=True)
         return Failure(phase, "%s; rolled back to %s, serving again (%.1f s after the failure)" % (msg, describe(good), now - failed_at),
-                       remedy=diagnosis.get("remedy") or "", evidence=evidence, serving_again_s=round(now - failed_at, 1), rolled_back=True)
+                       remedy=diagnosis.get("remedy") or "", evidence=evidence, **details)
     return Failure("rollback_failed", "%s (%s); the rollback to %s did not serve either: %s" % (msg, phase, describe(good), restored_gate.get("msg")),
                    remedy="Both deployments failed their gate: see the two diagnoses; %s" % (diagnosis.get("remedy") or ""),
                    evidence=evidence + list(restored_gate.get("evidence") or []), rolled_back=False)

@@ -115,6 +115,8 @@ def test_the_record_file_round_trips_0600(tmp_path):
 
 def test_not_rolled_back_keeps_the_gates_failure_and_says_why():
     diag = {"phase": "timeout", "msg": "timeout: launch 1 did not become ready Remedy: wait", "remedy": "wait", "evidence": ["x"]}
+    diag.update(launch_id="1", known_answer={"failed": ["count"]}, invocation={"module_args": {}}, ansible_job_id="j", _ansible_no_log=False)
     same = dp.not_rolled_back(diag, None)
+    assert same.details == {"launch_id": "1", "known_answer": {"failed": ["count"]}, "rolled_back": False}
     assert (same.phase, same.msg, same.remedy, same.evidence) == ("timeout", "launch 1 did not become ready", "wait", ["x"])
     assert dp.not_rolled_back(diag, "no deployment").msg == "launch 1 did not become ready; not rolled back: no deployment"
