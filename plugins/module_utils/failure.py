@@ -30,7 +30,6 @@ SERVE_PHASES = (
     ("version_mismatch", "the NVIDIA userspace does not match the host's kernel module"),
     ("known_bad_version", "the SGLang version is refused by the compatibility table"),
     ("timeout", "the server did not become ready in time"),
-    ("rollback_failed", "a changed deployment failed its gate and the recorded previous one, restored, failed too"),
 )
 
 # What the host stages (driver, vfio release, container passthrough, packages, model download) fail on.
@@ -65,6 +64,8 @@ HOST_PHASES = (
     ("model_no_space", "the disk has too little free space for the model"),
     ("download_failed", "some model files failed to download (a re-run resumes them)"),
     ("download_died", "the background download ended without a result"),
+    # not a launch's diagnosis (sglang_log never gives it): the serve stage's rollback (sglang_deployment)
+    ("rollback_failed", "a changed deployment failed its gate and the recorded previous one, restored, failed too"),
 )
 
 PHASES = tuple(name for name, _meaning in SERVE_PHASES)
