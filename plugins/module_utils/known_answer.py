@@ -68,8 +68,16 @@ def normalize(text):
     return text.rstrip(".").strip()
 
 
-def _lines(text):
-    return [ln.strip().rstrip(".,;").strip() for ln in normalize(text).splitlines() if ln.strip()]
+_BULLET_RE = re.compile(r"^(?:[-*\u2022]\s+)")
+
+
+def _lines(text, expected=None):
+    """Non-empty lines without trailing punctuation or list bullets; with ``expected``, without a leading preamble line
+    ("Here are the numbers:") that the expected answer does not have."""
+    out = [_BULLET_RE.sub("", ln.strip()).rstrip(".,;").strip() for ln in normalize(text).splitlines() if ln.strip()]
+    if expected and out and out[0].endswith(":") and out[0] != expected[0]:
+        out = out[1:]
+    return out
 
 
 def _numbers(text, skip=()):
@@ -79,6 +87,17 @@ def _numbers(text, skip=()):
         if n not in skip:
             out.append(n)
     return out
+
+
+def _looks_like(line, expected):
+    """What an unexpected line is made of: an expected line doubled ('33'), two consecutive ones glued ('34')."""
+    for a in expected:
+        if a and line == a + a:
+            return " (%s doubled)" % a
+    for a, b in zip(expected, expected[1:]):
+        if line == a + b:
+            return " (%s and %s glued)" % (a, b)
+    return ""
 
 
 def line_difference(expected, received):
@@ -94,17 +113,18 @@ def line_difference(expected, received):
     if duplicated:
         parts.append("duplicated %s" % ", ".join(duplicated[:8]))
     if extra:
-        parts.append("unexpected %s" % ", ".join(repr(x) for x in extra[:8]))
+        parts.append("unexpected %s" % ", ".join(repr(x) + _looks_like(x, exp) for x in extra[:8]))
     parts.append("first difference at line %d (%d lines, expected %d)" % (first + 1, len(got), len(exp)))
     return "; ".join(parts)
 
 
 def matches(match, expected, received, prompt=""):
-    """(ok, why not). ``exact``: the normalized answer equals ``expected``; ``lines``: line by line (empty lines and
-    trailing punctuation ignored); ``number``: the first number of the answer that is not in the prompt equals
+    """(ok, why not). ``exact``: the normalized answer equals ``expected``; ``lines``: line by line (see
+    :func:`_lines`); ``number``: the first number of the answer that is not in the prompt equals
     ``expected`` (thousands separators allowed); ``word``: ``expected`` occurs as a whole word, case-insensitively."""
     if match == "lines":
-        exp, got = _lines(expected), _lines(received)
+        exp = _lines(expected)
+        got = _lines(received, exp)
         return (True, "") if exp == got else (False, line_difference(exp, got))
     if match == "number":
         got = _numbers(normalize(received), skip=set(_numbers(prompt)))

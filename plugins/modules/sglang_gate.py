@@ -160,8 +160,9 @@ options:
         description:
           - How the answer is compared after removing a closed thinking block, surrounding whitespace, a code fence, bold
             markers or quotes and a trailing period.
-          - C(exact) equal; C(lines) line by line (empty lines, trailing punctuation ignored); C(number) the first number not
-            in the prompt (thousands separators allowed); C(word) a whole word, case-insensitively.
+          - C(exact) equal; C(lines) line by line (empty lines, trailing punctuation, list bullets and a leading line ending
+            in a colon ignored); C(number) the first number not in the prompt (thousands separators allowed); C(word) a
+            whole word, case-insensitively.
         type: str
         choices: [exact, lines, number, word]
         default: exact

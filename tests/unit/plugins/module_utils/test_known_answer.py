@@ -33,8 +33,12 @@ def test_lines_ignore_blank_lines_and_trailing_punctuation_but_not_a_lost_token(
     assert ka.matches("lines", COUNT, "\n" + COUNT.replace("\n", "\n\n") + "\n")[0]
     assert ka.matches("lines", COUNT, COUNT.replace("\n", ".\n") + ".")[0]
     assert ka.matches("lines", COUNT, "<think>\n\n</think>\n\n" + COUNT)[0]
+    assert ka.matches("lines", COUNT, "Here are the numbers:\n\n" + "\n".join("- %d" % i for i in range(1, 21)))[0]
+    assert not ka.matches("lines", COUNT, "Here are the numbers:\n" + COUNT + "\nDone")[0]
     ok, why = ka.matches("lines", COUNT, COUNT.replace("3\n4", "34"))
-    assert not ok and "missing 3, 4" in why and "'34'" in why and "first difference at line 3 (19 lines, expected 20)" in why
+    assert not ok and "missing 3, 4" in why and "'34' (3 and 4 glued)" in why and "first difference at line 3 (19 lines, expected 20)" in why
+    ok, why = ka.matches("lines", COUNT, COUNT.replace("\n12\n", "\n1212\n"))
+    assert not ok and "unexpected '1212' (12 doubled)" in why
     ok, why = ka.matches("lines", COUNT, COUNT.replace("\n7\n", "\n7\n7\n"))
     assert not ok and "duplicated 7" in why
 
