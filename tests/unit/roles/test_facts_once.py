@@ -53,7 +53,12 @@ def _playbook():
     plays = []
     for i, (hosts, role, tasks_file, module, args) in enumerate(STAGES):
         task = _task(role, tasks_file, module)
-        wanted = dict((a, task[module][a]) for a in args if a in task[module])
+        given = task[module] or {}
+        if not given and isinstance(task.get("args"), str):
+            # arguments from one templated dict (args: "{{ ... }}"): each one resolved out of it
+            expr = task["args"].strip()[2:-2].strip()
+            given = dict((a, "{{ (%s)[%r] }}" % (expr, a)) for a in args)
+        wanted = dict((a, given[a]) for a in args if a in given)
         if "ansible_python_interpreter" in task.get("vars", {}):
             wanted["python"] = task["vars"]["ansible_python_interpreter"]
         plays.append({

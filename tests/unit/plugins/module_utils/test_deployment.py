@@ -1,0 +1,122 @@
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The deployment record's decisions: what a deployment is, fail fast, what to restore, the rolled-back failure."""
+
+from __future__ import annotations
+
+import os
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
+
+OLD, NEW = "a" * 64, "b" * 64
+OPTS = {"model_path": "/srv/models/m", "tp_size": 2, "context_length": 65536, "port": 30000}
+
+
+def make_venv(path, lock, version="0.5.11"):
+    os.makedirs(os.path.join(str(path), "lib", "python3.11", "site-packages", "sglang-%s.dist-info" % version))
+    with open(os.path.join(str(path), dp.LOCK_STAMP), "w") as f:
+        f.write(lock + "\n")
+    return str(path)
+
+
+def dep(venv="/opt/sglang/venv", lock=OLD, version="0.5.11", revision="main", **opts):
+    o = dict(OPTS)
+    o.update(opts)
+    return dp.deployment({"venv": venv, "options": o, "environment": {}, "api_key": "secret", "force_restart": True},
+                         {"lock_sha256": lock, "sglang_version": version}, revision)
+
+
+def test_a_deployment_never_holds_the_api_key_and_any_change_changes_its_signature():
+    d = dep()
+    assert "api_key" not in d["service"] and "force_restart" not in d["service"]
+    assert dp.signature(d) == dp.signature(dep())
+    for other in (dep(lock=NEW), dep(version="0.5.12"), dep(revision="abc"), dep(context_length=32768)):
+        assert dp.signature(other) != dp.signature(d)
+
+
+def test_venv_identity_reads_the_stamp_and_the_dist_info(tmp_path):
+    v = make_venv(tmp_path / "venv", OLD, "0.5.11")
+    assert dp.venv_identity(v) == {"venv": v, "lock_sha256": OLD, "sglang_version": "0.5.11"}
+    assert dp.venv_identity(str(tmp_path / "none")) == {"venv": str(tmp_path / "none"), "lock_sha256": "", "sglang_version": ""}
+
+
+def test_changes_name_each_option_and_the_environment():
+    old, new = dep(), dep(lock=NEW, context_length=32768)
+    new["service"]["environment"] = {"X": "1"}
+    assert dp.changes(old, new) == ["lock_sha256: %s -> %s" % (OLD, NEW), 'environment.X: null -> "1"',
+                                    "options.context_length: 65536 -> 32768"]
+
+
+def test_recording_a_good_one_forgets_its_own_failure_only():
+    good, bad = dep(), dep(context_length=1)
+    rec = dp.record_failed({"good": good}, bad, {"phase": "kv_cache_oom", "msg": "m"}, good, now=100.0)
+    assert dp.record_good(rec, good)["failed"] == rec["failed"]
+    assert "failed" not in dp.record_good(rec, bad)
+    assert dp.record_good({}, good) == {"good": good}
+
+
+def test_rollback_plan_prefers_the_venv_itself_then_the_kept_one(tmp_path):
+    venvs = str(tmp_path / "venvs")
+    current = make_venv(tmp_path / "venv", NEW)
+    good = dep(venv=current, lock=OLD)
+    wanted = dep(venv=current, lock=NEW)
+    # the venv now holds the new lock and the old one was not kept: no rollback, and why
+    restore, reason = dp.rollback_plan({"good": good}, wanted, venvs)
+    assert restore is None and "was not kept" in reason and OLD[:12] in reason
+    kept = make_venv(dp.kept_venv(venvs, OLD), OLD)
+    assert kept.endswith("/venvs/" + OLD[:16])
+    restore, reason = dp.rollback_plan({"good": good}, wanted, venvs)
+    assert reason is None and restore["venv"] == kept and restore["options"] == good["service"]["options"]
+    assert "api_key" not in restore
+    # an options-only change: the venv itself still holds the good lock
+    same = dep(venv=current, lock=NEW)
+    restore = dp.rollback_plan({"good": same}, dep(venv=current, lock=NEW, context_length=1), venvs)[0]
+    assert restore["venv"] == current
+
+
+def test_no_rollback_without_a_good_one_or_when_the_good_one_failed():
+    assert dp.rollback_plan({}, dep(), "/x")[1].startswith("no deployment has passed the gate")
+    assert dp.rollback_plan({"good": dep()}, dep(), "/x") == (None, None)
+
+
+def test_the_same_failing_deployment_fails_fast_unless_retried():
+    good, bad = dep(), dep(context_length=1)
+    rec = dp.record_failed({"good": good}, bad, {"phase": "degenerate_output", "msg": "degenerate_output: launch x", "evidence": ["e"]},
+                           good, now=100.0)
+    f = dp.fail_fast(rec, bad, retry=False)
+    assert f.phase == "degenerate_output" and f.evidence == ["e"]
+    assert "rolled back to SGLang 0.5.11 (lock aaaaaaaaaaaa" in f.msg and "still serving" in f.msg
+    assert "sglang_server_rollback_retry=true" in f.remedy and "options.context_length: 65536 -> 1" in f.remedy
+    assert dp.fail_fast(rec, bad, retry=True) is None
+    assert dp.fail_fast(rec, good, retry=False) is None
+    assert dp.fail_fast(rec, dep(context_length=2), retry=False) is None
+
+
+def test_rolled_back_names_the_new_diagnosis_and_what_serves_again():
+    diag = {"phase": "degenerate_output", "msg": "degenerate_output: launch 1 did not become ready Remedy: turn MTP off",
+            "remedy": "turn MTP off", "evidence": ["!!!!"]}
+    ok = dp.rolled_back(diag, dep(), {"phase": "ready", "failed": False}, failed_at=100.0, now=112.34)
+    assert ok.phase == "degenerate_output" and ok.remedy == "turn MTP off"
+    assert ok.msg == ("launch 1 did not become ready; rolled back to SGLang 0.5.11 (lock aaaaaaaaaaaa, venv /opt/sglang/venv), "
+                      "model revision main, serving again (12.3 s after the failure)")
+    assert ok.details["serving_again_s"] == 12.3
+    bad = dp.rolled_back(diag, dep(), {"phase": "timeout", "failed": True, "msg": "timeout: no", "evidence": ["t"]}, 100.0, 200.0)
+    assert bad.phase == "rollback_failed" and bad.evidence == ["!!!!", "t"] and "did not serve either: timeout: no" in bad.msg
+
+
+def test_the_record_file_round_trips_0600(tmp_path):
+    path = dp.record_path(str(tmp_path / "state"), "sglang.service")
+    assert path.endswith("/state/sglang-deployment.json")
+    assert dp.load(path) == {}
+    dp.save(path, {"good": dep()})
+    assert dp.load(path) == {"good": dep()}
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_not_rolled_back_keeps_the_gates_failure_and_says_why():
+    diag = {"phase": "timeout", "msg": "timeout: launch 1 did not become ready Remedy: wait", "remedy": "wait", "evidence": ["x"]}
+    diag.update(launch_id="1", known_answer={"failed": ["count"]}, invocation={"module_args": {}}, ansible_job_id="j", _ansible_no_log=False)
+    same = dp.not_rolled_back(diag, None)
+    assert same.details == {"launch_id": "1", "known_answer": {"failed": ["count"]}, "rolled_back": False}
+    assert (same.phase, same.msg, same.remedy, same.evidence) == ("timeout", "launch 1 did not become ready", "wait", ["x"])
+    assert dp.not_rolled_back(diag, "no deployment").msg == "launch 1 did not become ready; not rolled back: no deployment"

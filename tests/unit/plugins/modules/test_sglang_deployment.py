@@ -1,0 +1,80 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""sglang_deployment end to end on a temp state dir: record, fail + restore, fail fast, check mode, idempotence."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
+from ansible_collections.kpro.gpu_serving.plugins.modules import sglang_deployment
+from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
+
+OLD, NEW = "1" * 64, "2" * 64
+DIAG = {"phase": "degenerate_output", "msg": "degenerate_output: launch x of sglang.service did not become ready Remedy: r",
+        "remedy": "r", "evidence": ["!!!!"], "failed": True}
+
+
+def venv(path, lock):
+    os.makedirs(os.path.join(path, "lib", "python3.11", "site-packages", "sglang-0.5.11.dist-info"), exist_ok=True)
+    with open(os.path.join(path, dp.LOCK_STAMP), "w") as f:
+        f.write(lock + "\n")
+    return path
+
+
+def call(tmp_path, check_mode=False, **args):
+    args.setdefault("state_dir", str(tmp_path / "state"))
+    try:
+        run_module(sglang_deployment, args, check_mode=check_mode)
+    except AnsibleExitJson as e:
+        return e.result
+    except AnsibleFailJson as e:
+        return e.result
+    raise AssertionError("no exit")
+
+
+def service(v, **opts):
+    o = {"port": 30000, "served_model_name": "m"}
+    o.update(opts)
+    return {"unit": "sglang.service", "venv": v, "options": o, "environment": {}, "api_key": "k"}
+
+
+@pytest.fixture
+def host(tmp_path):
+    return tmp_path, venv(str(tmp_path / "venv"), OLD)
+
+
+def test_record_is_idempotent_and_check_mode_writes_nothing(host):
+    tmp, v = host
+    assert call(tmp, check_mode=True, state="recorded", service=service(v))["changed"] is True
+    assert not os.path.exists(str(tmp / "state"))
+    first = call(tmp, state="recorded", service=service(v), model_revision="main")
+    assert first["changed"] is True and first["good"]["lock_sha256"] == OLD and "api_key" not in first["good"]["service"]
+    assert call(tmp, state="recorded", service=service(v), model_revision="main")["changed"] is False
+    assert call(tmp, state="checked", service=service(v), model_revision="main")["changed"] is False
+
+
+def test_a_failed_venv_change_restores_the_kept_venv_then_the_same_change_fails_fast(host):
+    tmp, v = host
+    call(tmp, state="recorded", service=service(v))
+    kept = venv(str(tmp / "venvs" / OLD[:16]), OLD)
+    venv(v, NEW)  # sglang_install synced the venv with another lock
+    res = call(tmp, state="failed", service=service(v), diagnosis=DIAG, venvs_dir=str(tmp / "venvs"))
+    assert res["changed"] is True and res["restore"]["venv"] == kept and res["changes"] == ["lock_sha256: %s -> %s" % (OLD, NEW)]
+    assert res["rolled_back_to"].startswith("SGLang 0.5.11 (lock 111111111111, venv %s)" % v)
+    done = call(tmp, state="rolled_back", diagnosis=DIAG, good=res["good"], failed_at=res["failed_at"], restored_gate={"phase": "ready"})
+    assert done["failed"] and done["phase"] == "degenerate_output" and "serving again" in done["msg"] and done["rolled_back"] is True
+    fast = call(tmp, state="checked", service=service(v))
+    assert fast["failed"] and fast["phase"] == "degenerate_output" and "which is still serving" in fast["msg"]
+    assert call(tmp, state="checked", service=service(v), retry=True).get("failed") is not True
+
+
+def test_nothing_to_roll_back_to_fails_with_the_gates_diagnosis(host):
+    tmp, v = host
+    res = call(tmp, state="failed", service=service(v), diagnosis=DIAG)
+    assert res["failed"] and res["phase"] == "degenerate_output" and "not rolled back: no deployment has passed" in res["msg"]
+    call(tmp, state="recorded", service=service(v))
+    same = call(tmp, state="failed", service=service(v), diagnosis=DIAG)
+    assert same["msg"] == "degenerate_output: launch x of sglang.service did not become ready Remedy: r"
