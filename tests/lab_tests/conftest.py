@@ -95,3 +95,18 @@ def files_holding(secret, *tops):
                 except OSError:
                     continue
     return hits
+
+
+# Tests that need a serving lab run right after test_serve_safety.py, whose `serving` fixture converges once: they reuse
+# that converge instead of one each (a converge is 1-2 min). The kernel upgrade changes the node most (a new kernel,
+# Secure Boot), so it comes last; the tests after it (test_stock_host*) start from a reset node.
+AFTER_SERVE_SAFETY = ("test_rollback.py", "test_reboot.py", "test_kernel_upgrade.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def key(item):
+        name = os.path.basename(str(item.fspath))
+        if name in AFTER_SERVE_SAFETY:
+            return ("test_serve_safety.py", 1 + AFTER_SERVE_SAFETY.index(name))
+        return (name, 0)
+    items.sort(key=key)  # stable: the order of the tests within a file is kept
