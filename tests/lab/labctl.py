@@ -2,7 +2,7 @@
 """Start, stop and drive the lab's simulated Proxmox node kpro5 (run as root).
 
     labctl.py up | down [--keep-disk] | status | reset | root | exec -- CMD...
-    labctl.py reboot | kernel-upgrade [RELEASE] | publish-kernel RELEASE [--no-headers]
+    labctl.py reboot | kernel-upgrade [RELEASE] | publish-kernel RELEASE [--no-headers] | unpublish-kernel RELEASE
     labctl.py secure-boot on|off | mok-enroll CERT | mok-list
 
 See tests/lab/README.md. Everything ``up`` starts is recorded by PID (with its
@@ -723,6 +723,21 @@ def cmd_publish_kernel(args):
     return 0
 
 
+def cmd_unpublish_kernel(args):
+    """The release and its headers taken out of the lab's Proxmox repository again (the meta packages point at the
+    newest release left); the node's apt lists follow at its next ``apt-get update``."""
+    root = node_root()
+    with labstate.modify(root) as st:
+        k = st.setdefault("kernel", {})
+        if args.release in (k.get("installed") or []):
+            raise SystemExit("labctl: %s is installed on the node: remove proxmox-kernel-%s first" % (args.release, args.release))
+        k["published"] = [r for r in k.get("published") or [] if r != args.release]
+        k["headers_available"] = [r for r in k.get("headers_available") or [] if r != args.release]
+    apt_mirror(debian=False)
+    print("unpublished proxmox-kernel-%s" % args.release)
+    return 0
+
+
 def cmd_secure_boot(args):
     """The firmware's Secure Boot switch (the EFI SecureBoot variable, efivars): the kernel enforces module
     signatures from now on (set it, then reboot, as an operator would). Turning it on starts the MOK list
@@ -843,6 +858,8 @@ def main(argv=None):
     p = sub.add_parser("publish-kernel")
     p.add_argument("release")
     p.add_argument("--no-headers", action="store_true", help="the release's proxmox-headers package is not in the repository")
+    p = sub.add_parser("unpublish-kernel")
+    p.add_argument("release")
     p = sub.add_parser("secure-boot")
     p.add_argument("state", choices=("on", "off"))
     p = sub.add_parser("mok-enroll")
@@ -857,7 +874,7 @@ def main(argv=None):
         return 0
     return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "reset": cmd_reset, "root": cmd_root, "exec": cmd_exec,
             "reboot": cmd_reboot, "kernel-upgrade": cmd_kernel_upgrade, "rebuild": cmd_rebuild,
-            "uvm-reload": cmd_uvm_reload, "publish-kernel": cmd_publish_kernel, "secure-boot": cmd_secure_boot,
+            "uvm-reload": cmd_uvm_reload, "publish-kernel": cmd_publish_kernel, "unpublish-kernel": cmd_unpublish_kernel, "secure-boot": cmd_secure_boot,
             "mok-enroll": cmd_mok_enroll, "mok-list": cmd_mok_list}[args.cmd](args)
 
 

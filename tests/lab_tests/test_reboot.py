@@ -76,6 +76,10 @@ def test_kernel_upgrade_without_headers_strands_the_gpus_at_the_next_boot(servin
         lab.exec("proxmox-boot-tool", "kernel", "pin", old, "--next-boot")
         assert "kpro5 rebooted into %s" % old in lab.labctl("reboot").stdout
         lab.sh("DEBIAN_FRONTEND=noninteractive apt-get remove -y -q proxmox-kernel-%s" % new)
+        # and the lab's repository as it was: the meta packages (removed with it) point at the old kernel again
+        lab.labctl("unpublish-kernel", new)
+        lab.sh("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q proxmox-default-kernel")
     assert new not in lab.state()["kernel"]["installed"]
+    assert lab.exec("dpkg-query", "-W", "-f", "${Version}", "proxmox-kernel-6.8").stdout == old.rsplit("-", 1)[0]
     answered, _waited = wait_answering(lab)
     assert answered[:2] == ["200", "200"], answered

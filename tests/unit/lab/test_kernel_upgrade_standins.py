@@ -30,7 +30,7 @@ def test_kernel_packages_with_the_meta_chain(tmp_path):
     files = subprocess.run(["dpkg-deb", "-c", deb], check=True, capture_output=True, text=True).stdout
     assert "./boot/vmlinuz-%s" % NEW_RELEASE in files and "./lib/modules/%s/" % NEW_RELEASE in files
     postinst = subprocess.run(["dpkg-deb", "-I", deb, "postinst"], check=True, capture_output=True, text=True).stdout
-    assert ("run-parts --report --exit-on-error --arg=%s --arg=/boot/vmlinuz-%s /etc/kernel/postinst.d"
+    assert ("run-parts --verbose --exit-on-error --arg=%s --arg=/boot/vmlinuz-%s /etc/kernel/postinst.d"
             % (NEW_RELEASE, NEW_RELEASE)) in postinst
     hdr = subprocess.run(["dpkg-deb", "-c", str(repo / ("proxmox-headers-%s.deb" % RELEASE))], check=True,
                          capture_output=True, text=True).stdout
