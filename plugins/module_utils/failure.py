@@ -73,6 +73,7 @@ HOST_PHASES = (
     ("next_boot_module_missing", "the kernel the next boot starts has no NVIDIA module of the requested version"),
     ("device_nodes_unit_not_ready", "the device-node unit is missing, not enabled, or not ordered before pve-guests.service"),
     ("ct_passthrough_unresolvable", "a devN entry of the GPU container names a node nothing creates at boot"),
+    ("guest_takes_gpus_at_boot", "a VM with onboot 1 references a GPU function: at boot it takes the GPUs to vfio-pci"),
     # not a launch's diagnosis (sglang_log never gives it): the serve stage's rollback (sglang_deployment)
     ("rollback_failed", "a changed deployment failed its gate and the recorded previous one, restored, failed too"),
 )

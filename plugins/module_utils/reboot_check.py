@@ -14,17 +14,25 @@ Pure decisions over what the module read (nothing here changes the host):
 - each ``devN`` entry of the container names a node the device-node unit creates at boot: nvidia-modprobe ``-c N``
   makes /dev/nvidiaN (255: /dev/nvidiactl), ``-u -c M`` makes /dev/nvidia-uvm and /dev/nvidia-uvm-tools (minor M+1;
   nvidia-modprobe's modprobe-utils/nvidia-modprobe-utils.c, nvidia_uvm_mknod), ``-m`` makes /dev/nvidia-modeset.
-  PVE refuses to start a container whose devN node is missing (PVE/LXC.pm, see shared/reference/verified-sources.md).
+  PVE refuses to start a container whose devN node is missing (PVE/LXC.pm, see shared/reference/verified-sources.md);
+- no VM with ``onboot: 1`` references a GPU function (``hostpciN``, directly or through a PCI mapping): at boot
+  pve-guests.service starts every onboot guest (shared/reference/proxmox_nvidia.md) and a VM start binds its hostpci
+  functions to vfio-pci (verified-sources.md, "Linux vfio-pci"), taking the GPUs from the container. The
+  GPU functions are the NVIDIA display functions (or ``ids``) and their slot and IOMMU-group companions, as
+  vfio_release selects them (vfio_host.select, pve_guests.find_references).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import boot_kernels as bk
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import driver_kernels as dk
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import module_signing as ms
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_guests
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_host as vh
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import read_text
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.lxc_config import parse_dev_value
@@ -144,6 +152,37 @@ def ct_problems(vmid, paths, nodes):
              "(lxc_gpu stage)")]
 
 
+def onboot_vm_problems(vms, by_bdf):
+    """Each VM of ``vms`` (pve_guests.find_references) with onboot 1: its GPU references, one problem per VM."""
+    problems = []
+    for vm in vms:
+        if not vm["onboot"]:
+            continue
+        refs = "; ".join("%s: %s%s (%s)" % (r["key"], r["value"], "" if r["section"] == "main" else " [%s]" % r["section"],
+                                            vh.device_label(r["bdfs"], by_bdf) + " at " + ", ".join(r["bdfs"]))
+                         for r in vm["references"])
+        problems.append(("guest_takes_gpus_at_boot", "VM %s (%s) has onboot 1 and %s: at boot pve-guests.service starts it "
+                         "and qemu-server binds those GPU functions to vfio-pci, away from the container" % (
+                             vm["vmid"], vm["name"] or "no name", refs),
+                         "set gpu_host_detach_stopped_vms: onboot and re-run the gpu_host stage, or qm set %s --onboot 0"
+                         % vm["vmid"]))
+    return problems
+
+
+def guest_problems(p, facts):
+    """The onboot VMs that reference a GPU function (sysfs's NVIDIA display functions or ``ids``, with companions)."""
+    try:
+        _wanted, selected, _managed = vh.select(p["ids"], True, p["sysfs_root"])
+        mappings = vh.read_mappings(p["etc_root"], p["node"] or socket.gethostname().split(".")[0])
+    except Failure as e:
+        return [(e.phase, e.msg, e.remedy)]
+    by_bdf = dict((d["bdf"], d) for d in selected)
+    vms = pve_guests.find_references(p["etc_root"], sorted(by_bdf), mappings)
+    facts["gpu_functions"] = sorted(by_bdf)
+    facts["vms_referencing_gpus"] = [vh.public_vm(vm) for vm in vms]
+    return onboot_vm_problems(vms, by_bdf)
+
+
 def verdict(kernel, problems):
     """"ready to reboot into <kernel>", or the Failure of the first problem with all of them as evidence."""
     if not problems:
@@ -197,4 +236,5 @@ def check_host(module):
                 p["vmid"], p["config_dir"], p["vmid"]), "check the vmid (pct list) and run the check on the container's node"))
         facts["ct_devices"] = devn_paths(conf)
         problems += ct_problems(p["vmid"], facts["ct_devices"], unit_nodes(unit_text))
+    problems += guest_problems(p, facts)
     return facts, problems

@@ -73,6 +73,7 @@ PHASE_TESTS = {
     "next_boot_module_missing": U + "test_reboot_check.py::test_phase_next_boot_module_missing_names_kernel_and_headers_package",
     "device_nodes_unit_not_ready": U + "test_reboot_check.py::test_phase_device_nodes_unit_not_ready",
     "ct_passthrough_unresolvable": U + "test_reboot_check.py::test_phase_ct_passthrough_unresolvable",
+    "guest_takes_gpus_at_boot": U + "test_reboot_check.py::test_phase_guest_takes_gpus_at_boot",
 }
 
 

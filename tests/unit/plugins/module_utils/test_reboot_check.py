@@ -11,6 +11,7 @@ import pytest
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import reboot_check as rc
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.tests.unit.plugins import fake_sysfs
 
 V, NEW = "580.126.09", "6.8.12-10-pve"
 MODULE = {"filename": "/lib/modules/%s/updates/dkms/nvidia.ko" % NEW, "version": V,
@@ -88,10 +89,12 @@ class Module(object):
                            config_dir=os.path.join(tmp, "lxc"), systemd_dir=os.path.join(tmp, "systemd"),
                            efivars_dir=os.path.join(tmp, "efi"), dkms_framework_conf=os.path.join(tmp, "framework.conf"),
                            boot_dir=os.path.join(tmp, "boot"), modules_root=os.path.join(tmp, "modules"),
-                           proc_root=os.path.join(tmp, "proc"))
+                           proc_root=os.path.join(tmp, "proc"), ids=[], node="kpro5",
+                           sysfs_root=os.path.join(tmp, "sys"), etc_root=os.path.join(tmp, "etc"))
         self.params.update(params)
-        for d in ("lxc", "systemd", "boot", "modules", "proc/sys/kernel"):
+        for d in ("lxc", "systemd", "boot", "modules", "proc/sys/kernel", "etc/pve/qemu-server", "etc/pve/mapping"):
             os.makedirs(os.path.join(tmp, d))
+        fake_sysfs.build(tmp)  # kpro5: A6000s at 17:00.0 and 73:00.0 (with their audio .1), a USB controller at 03:00.0
         for k in ("6.8.12-9-pve", NEW):
             open(os.path.join(tmp, "boot", "vmlinuz-" + k), "w").close()
         with open(os.path.join(tmp, "proc/sys/kernel/osrelease"), "w") as f:
@@ -123,3 +126,59 @@ def test_check_host_reads_only_and_finds_the_next_kernel(tmp_path):
     assert facts["ct_devices"][0] == "/dev/nvidia0" and facts["unit"]["UnitFileState"] == "enabled"
     assert all(a[0].endswith(("modinfo", "systemctl")) for a in m.ran)
     assert ["/usr/bin/systemctl", "show", ni.DEVICE_NODES_UNIT, "-p", "UnitFileState", "-p", "Before"] in m.ran
+
+
+WS_GPU = ("boot: order=scsi0\nhostpci0: {hostpci}\nmachine: pc-q35-8.1\nmemory: 65536\nname: ws-gpu\nonboot: {onboot}\n"
+          "ostype: win11\n")
+PCI_CFG = "a6000-2\n\tmap node=kpro5,path=0000:73:00,id=10de:2230\n\tmap node=kpro6,path=0000:17:00,id=10de:2230\n"
+
+
+def guests(tmp_path, hostpci="0000:17:00,pcie=1,x-vga=1", onboot=1, pci_cfg=None):
+    """check_host on kpro5's sysfs with VM 110 (ws-gpu) as configured; (facts, problems)."""
+    m = Module(str(tmp_path))
+    qs = tmp_path / "etc" / "pve" / "qemu-server"
+    (qs / "110.conf").write_text(WS_GPU.format(hostpci=hostpci, onboot=onboot))
+    (qs / "111.conf").write_text("name: gitlab-runner\nonboot: 1\nostype: l26\n")
+    if pci_cfg is not None:
+        (tmp_path / "etc" / "pve" / "mapping" / "pci.cfg").write_text(pci_cfg)
+    return rc.check_host(m)
+
+
+def test_phase_guest_takes_gpus_at_boot(tmp_path):
+    facts, problems = guests(tmp_path)
+    with pytest.raises(Failure) as e:
+        rc.verdict(NEW, problems)
+    f = e.value
+    assert f.phase == "guest_takes_gpus_at_boot" and len(problems) == 1
+    assert f.msg.startswith("not ready to reboot into %s: VM 110 (ws-gpu) has onboot 1 and hostpci0: 0000:17:00,pcie=1,"
+                            "x-vga=1 (" % NEW)
+    assert "0000:17:00.0, 0000:17:00.1)" in f.msg and "pve-guests.service" in f.msg
+    assert f.remedy == ("set gpu_host_detach_stopped_vms: onboot and re-run the gpu_host stage, or qm set 110 --onboot 0")
+    assert facts["gpu_functions"] == ["0000:17:00.0", "0000:17:00.1", "0000:73:00.0", "0000:73:00.1"]
+    assert [vm["vmid"] for vm in facts["vms_referencing_gpus"]] == [110]
+
+
+def test_an_onboot_0_vm_with_the_gpus_is_no_problem(tmp_path):
+    facts, problems = guests(tmp_path, onboot=0)
+    assert problems == [] and facts["vms_referencing_gpus"][0]["onboot"] is False
+
+
+def test_an_onboot_vm_with_another_device_is_no_problem(tmp_path):
+    facts, problems = guests(tmp_path, hostpci="0000:03:00.0")  # the USB controller, not a GPU's companion
+    assert problems == [] and facts["vms_referencing_gpus"] == []
+
+
+def test_an_onboot_vm_with_the_gpus_through_a_pci_mapping(tmp_path):
+    _facts, problems = guests(tmp_path, hostpci="mapping=a6000-2,pcie=1", pci_cfg=PCI_CFG)
+    assert [p[0] for p in problems] == ["guest_takes_gpus_at_boot"]
+    assert "VM 110 (ws-gpu) has onboot 1 and hostpci0: mapping=a6000-2,pcie=1 (" in problems[0][1]
+    assert "0000:73:00.0, 0000:73:00.1)" in problems[0][1] and "0000:17:00" not in problems[0][1]
+
+
+def test_onboot_vms_with_gpus_of_other_ids_are_not_counted(tmp_path):
+    facts, problems = guests(tmp_path, onboot=1)
+    assert problems
+    m = Module(str(tmp_path / "ids"), ids=["10de:ffff"])
+    assert rc.guest_problems(m.params, {}) == []
+    bad = Module(str(tmp_path / "bad"), ids=["nvidia"])
+    assert rc.guest_problems(bad.params, {})[0][0] == "bad_input"
