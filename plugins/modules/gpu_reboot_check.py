@@ -59,18 +59,6 @@ options:
     description: EFI variables directory, read for the Secure Boot state.
     type: path
     default: /sys/firmware/efi/efivars
-  dkms_framework_conf:
-    description: Internal, for tests only (do not set) - DKMS's framework.conf.
-    type: path
-    default: /etc/dkms/framework.conf
-  boot_dir:
-    description: Internal, for tests only (do not set) - where the kernel images are.
-    type: path
-    default: /boot
-  modules_root:
-    description: Internal, for tests only (do not set) - the root of the kernels' module trees.
-    type: path
-    default: /lib/modules
   proc_root:
     description: Internal, for tests only (do not set) - the root of procfs.
     type: path
@@ -95,6 +83,8 @@ notes:
     C(signing_key_not_enrolled), C(device_nodes_unit_not_ready), C(ct_passthrough_unresolvable) and
     C(guest_takes_gpus_at_boot) (also C(bad_input) for bad O(ids), C(host_config_unreadable) for unreadable mappings).
   - Only the local node's VM configs (C(/etc/pve/qemu-server)) are read.
+extends_documentation_fragment:
+  - kpro.gpu_serving.kernel_roots
 """
 
 EXAMPLES = r"""

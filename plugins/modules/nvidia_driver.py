@@ -108,18 +108,6 @@ options:
         build C(dkms_build_failed) with the end of DKMS's make.log.
     type: bool
     default: true
-  dkms_framework_conf:
-    description: Internal, for tests only (do not set) - DKMS's framework.conf.
-    type: path
-    default: /etc/dkms/framework.conf
-  boot_dir:
-    description: Internal, for tests only (do not set) - where the kernel images are.
-    type: path
-    default: /boot
-  modules_root:
-    description: Internal, for tests only (do not set) - the root of the kernels' module trees.
-    type: path
-    default: /lib/modules
   dkms_tree:
     description: Internal, for tests only (do not set) - DKMS's tree.
     type: path
@@ -153,6 +141,8 @@ notes:
     C(secure_boot_unsigned_module), C(headers_unavailable), C(installer_failed), C(checksum_mismatch),
     C(driver_not_loaded), C(version_mismatch), C(gpu_mismatch), C(boot_kernel_headers_missing), C(dkms_build_failed),
     C(module_unsigned), C(module_wrong_key).
+extends_documentation_fragment:
+  - kpro.gpu_serving.kernel_roots
 """
 
 EXAMPLES = r"""
