@@ -55,6 +55,27 @@ def framework_texts(conf=ms.FRAMEWORK_CONF):
     return texts + [(os.path.join(dropins, n), read_text(os.path.join(dropins, n)) or "") for n in names]
 
 
+def headers_candidate(module, package):
+    """None when apt has ``package`` to install, else why not (read-only: ``apt-cache policy``, as C).
+
+    apt-cache policy prints "  Installed: <v>|(none)" and "  Candidate: <v>|(none)" (apt, apt-private/private-show.cc,
+    ShowPolicy; translated, hence LC_ALL=C), and nothing at all for a name no list knows. An apt-cache that is absent or
+    fails answers None: apt-get decides then."""
+    tool = module.get_bin_path("apt-cache")
+    if not tool:
+        return None
+    rc, out, _err = module.run_command([tool, "policy", package], environ_update={"LC_ALL": "C"})
+    if rc != 0:
+        return None
+    fields = dict(line.strip().split(": ", 1) for line in out.splitlines() if line.strip().startswith(("Installed: ", "Candidate: ")))
+    candidate, installed = fields.get("Candidate", "(none)"), fields.get("Installed", "(none)")
+    if candidate == "(none)":
+        return "not installed, and apt has no installation candidate (apt-cache policy)"
+    if candidate == installed:
+        return "installed (%s), yet its build/include is missing: apt-get install --reinstall %s" % (installed, package)
+    return None
+
+
 BACKUP_SUFFIX = ".kpro-gpu-serving.bak"  # DKMS reads framework.conf.d/*.conf only: a backup here is never read
 
 
@@ -103,28 +124,42 @@ class Kernels(object):
         return key
 
     def install_headers(self, entry):
-        """apt-get install proxmox-headers-<kernel>; True when they are there afterwards."""
+        """apt-get install proxmox-headers-<kernel>; True when they are there afterwards. ``changed`` only when apt
+        succeeded (or, in check mode, would run).
+
+        A fallback kernel (neither running nor the next boot) is tried only when apt has something to install
+        (``headers_candidate``): an old kernel whose headers left the repository stays a warning without an apt run
+        and without changed on every run. Nothing is remembered between runs: apt's own lists decide."""
         if not self.p["install_headers"]:
             return False
-        self.d.changed = True
+        if not (entry["running"] or entry["next_boot"]):
+            why = headers_candidate(self.m, entry["headers_package"])
+            if why:
+                entry["apt"] = why
+                return False
         if self.m.check_mode:
+            self.d.changed = True
             entry["action"] = "install_headers"
             return True
         apt = self.m.get_bin_path("apt-get", required=True)
         rc, out, err = self.d.run([apt, "install", "-y", "--no-install-recommends", entry["headers_package"]],
                                   environ={"DEBIAN_FRONTEND": "noninteractive"})
         entry["apt"] = ((err or out).strip().splitlines() or [""])[-1]
+        self.d.changed = self.d.changed or rc == 0
         return rc == 0 and bk.headers_present(entry["kernel"], self.p["modules_root"])
 
     def build(self, entry):
-        """dkms install for one kernel (build and install); a failure keeps make.log's last lines."""
-        self.d.changed = True
+        """dkms install for one kernel (build and install); a failure keeps make.log's last lines. ``changed`` only
+        when dkms succeeded (or, in check mode, would run). A failed build of a fallback kernel is tried again on the
+        next run (DKMS keeps no record of a failed build to read back), without changed."""
         entry["action"] = "build"
         if self.m.check_mode:
+            self.d.changed = True
             return
         dkms = self.m.get_bin_path("dkms") or "dkms"
         rc, out, err = self.d.run([dkms, "install", "-m", "nvidia", "-v", self.version, "-k", entry["kernel"]])
         if rc == 0:
+            self.d.changed = True
             entry["dkms"] = "installed"
             return
         path, tail = bk.make_log_tail(self.version, entry["kernel"], dkms_tree=self.p["dkms_tree"])
@@ -137,9 +172,9 @@ class Kernels(object):
             if not entry["headers"] and not self.install_headers(entry):
                 entry["action"] = "none"
                 self.problems.append(("boot_kernel_headers_missing", entry["kernel"], "kernel %s can boot but has no headers "
-                                      "(%s is not installed%s): DKMS cannot build nvidia %s for it." % (
-                                          entry["kernel"], entry["headers_package"],
-                                          ": " + entry["apt"] if entry.get("apt") else "", self.version),
+                                      "(%s: %s): DKMS cannot build nvidia %s for it." % (
+                                          entry["kernel"], entry["headers_package"], entry.get("apt") or "not installed",
+                                          self.version),
                                       [], entry["headers_package"]))
                 continue
             self.build(entry)
@@ -175,7 +210,8 @@ class Kernels(object):
         """dkms remove + install for one kernel: the module is built and signed again with the configured key."""
         if not self.m.check_mode:
             dkms = self.m.get_bin_path("dkms") or "dkms"
-            self.d.run([dkms, "remove", "-m", "nvidia", "-v", self.version, "-k", entry["kernel"]])
+            rc = self.d.run([dkms, "remove", "-m", "nvidia", "-v", self.version, "-k", entry["kernel"]])[0]
+            self.d.changed = self.d.changed or rc == 0  # the old module is gone, whatever the build does
         self.build(entry)
         entry["action"] = "resign"
 

@@ -22,6 +22,7 @@ class Host(object):
 
     def __init__(self, tmp, check_mode=False, headers=(OLD, NEW), apt_has=(), **params):
         self.tmp, self.check_mode, self.apt_has, self.ran, self.warnings = tmp, check_mode, set(apt_has), [], []
+        self.apt_policy, self.apt_installed = params.pop("apt_policy", False), params.pop("apt_installed", {})
         for d in ("boot", "modules", "proc/sys/kernel", "dkms", "etc"):
             os.makedirs(os.path.join(tmp, d), exist_ok=True)
         with open(os.path.join(tmp, "proc/sys/kernel/osrelease"), "w") as f:
@@ -70,6 +71,13 @@ class Host(object):
             self.signer[argv[2]] = (signer, key)
             sig = "signer: %s\nsig_key: %s\n" % (signer, key) if signer else ""
             return 0, "filename: /lib/modules/%s/updates/dkms/nvidia.ko\nversion: %s\n%s" % (argv[2], V, sig), ""
+        if tool == "apt-cache" and self.apt_policy:
+            pkg = argv[-1]  # apt-cache policy prints nothing for a name no list knows (apt 2.6, bookworm)
+            if pkg not in self.apt_has and pkg not in self.apt_installed:
+                return 0, "", ""
+            installed = self.apt_installed.get(pkg, "(none)")
+            return 0, "%s:\n  Installed: %s\n  Candidate: %s\n  Version table:\n" % (
+                pkg, installed, "6.8.12-9" if pkg in self.apt_has else installed), ""
         if tool == "apt-get":
             pkg = argv[-1]
             if pkg in self.apt_has:
@@ -200,3 +208,84 @@ def test_a_fallback_kernel_without_headers_is_a_warning_not_a_failure(tmp_path):
     report = k.run(secure_boot=False)
     assert [(r["kernel"], r["dkms"]) for r in report] == [(NEW, "installed"), (OLD, "added")]
     assert len(host.warnings) == 1 and host.warnings[0].startswith("boot_kernel_headers_missing: kernel %s" % OLD)
+
+
+def _running(host, kernel):
+    with open(os.path.join(host.params["proc_root"], "sys/kernel/osrelease"), "w") as f:
+        f.write(kernel + "\n")
+    host.dkms = {kernel: "installed"}
+
+
+def test_a_fallback_kernel_whose_headers_apt_cannot_install_is_not_retried(tmp_path):
+    # running the new kernel; the old one stays bootable and its headers left the repository: apt-cache policy
+    # knows no candidate, so no apt-get runs, nothing is changed, run after run; the warning stays
+    host = Host(str(tmp_path), headers=(NEW,), apt_policy=True)
+    _running(host, NEW)
+    for _ in range(2):
+        host.ran, host.warnings = [], []
+        d, k = kernels(host)
+        report = k.run(secure_boot=False)
+        assert not d.changed and report[1]["action"] == "none"
+        assert ["/usr/bin/apt-cache", "policy", "proxmox-headers-%s" % OLD] in host.ran
+        assert not any(os.path.basename(a[0]) == "apt-get" or a[1] == "install" for a in host.ran)
+        assert len(host.warnings) == 1 and "no installation candidate" in host.warnings[0] and OLD in host.warnings[0]
+    # check mode agrees: nothing to install, changed=0
+    host.check_mode = True
+    d, k = kernels(host)
+    k.run(secure_boot=False)
+    assert not d.changed
+
+
+def test_a_fallback_kernel_whose_headers_are_installed_but_broken_is_not_retried(tmp_path):
+    host = Host(str(tmp_path), headers=(NEW,), apt_policy=True, apt_installed={"proxmox-headers-%s" % OLD: "6.8.12-9"})
+    _running(host, NEW)
+    d, k = kernels(host)
+    k.run(secure_boot=False)
+    assert not d.changed and not any(os.path.basename(a[0]) == "apt-get" for a in host.ran)
+    assert "--reinstall proxmox-headers-%s" % OLD in host.warnings[0]
+
+
+def test_a_fallback_kernel_with_installable_headers_gets_them(tmp_path):
+    host = Host(str(tmp_path), headers=(NEW,), apt_policy=True, apt_has=("proxmox-headers-%s" % OLD,))
+    _running(host, NEW)
+    d, k = kernels(host)
+    report = k.run(secure_boot=False)
+    assert d.changed and report[1]["dkms"] == "installed" and host.warnings == []
+    d, k = kernels(host)
+    k.run(secure_boot=False)
+    assert not d.changed
+
+
+def test_a_failed_apt_or_build_of_a_fallback_kernel_is_not_a_change(tmp_path):
+    # apt-cache unknown (no answer): apt-get is tried and fails -> changed=0; the next run the same
+    host = Host(str(tmp_path), headers=(NEW,))
+    _running(host, NEW)
+    for _ in range(2):
+        d, k = kernels(host)
+        k.run(secure_boot=False)
+        assert not d.changed and any(os.path.basename(a[0]) == "apt-get" for a in host.ran)
+    # headers there but half (no include/ would be counted missing): a build that fails -> a warning, changed=0
+    os.makedirs(os.path.join(host.params["modules_root"], OLD, "build", "include"))
+    real = host.run_command
+
+    def failing_build(argv, environ_update=None):
+        if os.path.basename(argv[0]) == "dkms" and argv[1] == "install" and argv[-1] == OLD:
+            host.ran.append(argv)
+            return 10, "", "Error! Bad return status for module build on kernel: %s (x86_64)" % OLD
+        return real(argv, environ_update)
+    host.run_command = failing_build
+    for _ in range(2):
+        host.warnings = []
+        d, k = kernels(host)
+        report = k.run(secure_boot=False)
+        assert not d.changed and report[1]["dkms"] == "failed"
+        assert len(host.warnings) == 1 and host.warnings[0].startswith("dkms_build_failed: ")
+
+
+def test_the_next_boot_kernel_still_fails_the_stage_without_a_change(tmp_path):
+    host = Host(str(tmp_path), headers=(OLD,), apt_policy=True)
+    d, k = kernels(host)
+    with pytest.raises(Failure) as e:
+        k.run(secure_boot=False)
+    assert e.value.phase == "boot_kernel_headers_missing" and not d.changed
+    assert ["/usr/bin/apt-get", "install", "-y", "--no-install-recommends", "proxmox-headers-%s" % NEW] in host.ran
