@@ -221,7 +221,7 @@ def test_a_fallback_kernel_whose_headers_apt_cannot_install_is_not_retried(tmp_p
     # knows no candidate, so no apt-get runs, nothing is changed, run after run; the warning stays
     host = Host(str(tmp_path), headers=(NEW,), apt_policy=True)
     _running(host, NEW)
-    for _ in range(2):
+    for _run in range(2):
         host.ran, host.warnings = [], []
         d, k = kernels(host)
         report = k.run(secure_boot=False)
@@ -260,7 +260,7 @@ def test_a_failed_apt_or_build_of_a_fallback_kernel_is_not_a_change(tmp_path):
     # apt-cache unknown (no answer): apt-get is tried and fails -> changed=0; the next run the same
     host = Host(str(tmp_path), headers=(NEW,))
     _running(host, NEW)
-    for _ in range(2):
+    for _run in range(2):
         d, k = kernels(host)
         k.run(secure_boot=False)
         assert not d.changed and any(os.path.basename(a[0]) == "apt-get" for a in host.ran)
@@ -274,7 +274,7 @@ def test_a_failed_apt_or_build_of_a_fallback_kernel_is_not_a_change(tmp_path):
             return 10, "", "Error! Bad return status for module build on kernel: %s (x86_64)" % OLD
         return real(argv, environ_update)
     host.run_command = failing_build
-    for _ in range(2):
+    for _run in range(2):
         host.warnings = []
         d, k = kernels(host)
         report = k.run(secure_boot=False)
