@@ -25,7 +25,7 @@ description:
     C(rolled back to <what>, serving again), or with C(phase=rollback_failed) when the restored one failed too. Only
     when the restored one passed its gate is the failure of O(deployment) recorded (for O(state=checked) to fail fast).
   - A multi-node server (SGLang option C(nnodes) > 1) is not rolled back (O(state=failed) fails with the gate's
-    diagnosis and says so): one node cannot restore its peers, and the ranks would diverge. The role does not record
+    diagnosis and says so), as one node cannot restore its peers and the ranks would diverge. The role does not record
     one either (its peers' gates are unknown on this node).
 author:
   - kpro.gpu_serving developers (!UNKNOWN)
