@@ -10,7 +10,11 @@ fileio.atomic_write. The decisions (fail fast, what to restore, what the record 
 
     record after a passing gate ─> good
     a changed deployment fails its gate ─> failed (its signature and diagnosis) + the restore arguments of good
+    the restored deployment passed its gate ─> failed (its signature and diagnosis) is recorded, not before
     the same failing deployment again ─> fail fast with the recorded diagnosis (unless retry)
+
+A multi-node server (options nnodes > 1) is neither recorded nor rolled back: one node cannot know its peers' gates,
+and a rollback of one rank would leave the ranks diverged.
 """
 
 from __future__ import annotations
@@ -52,10 +56,15 @@ def save(path, record):
     return text
 
 
+def venv_lock(venv):
+    """The lock's sha256 sglang_install stamped the venv with after its last sync ("" when missing)."""
+    return (read_text(os.path.join(venv, LOCK_STAMP), strip=True) or "") if venv else ""
+
+
 def venv_identity(venv):
     """{venv, lock_sha256, sglang_version} of a venv: the stamp sglang_install wrote and the sglang dist-info's version
     (empty strings when missing)."""
-    stamp = read_text(os.path.join(venv, LOCK_STAMP), strip=True) or ""
+    stamp = venv_lock(venv)
     version = ""
     for info in sorted(glob.glob(os.path.join(venv, "lib", "python*", "site-packages", "sglang-*.dist-info"))):
         version = os.path.basename(info)[len("sglang-"):-len(".dist-info")]
@@ -72,6 +81,14 @@ def deployment(service, venv_id, model_revision):
     args = dict((k, v) for k, v in (service or {}).items() if k not in NOT_RECORDED and v is not None)
     return {"service": args, "lock_sha256": venv_id.get("lock_sha256", ""), "sglang_version": venv_id.get("sglang_version", ""),
             "model_revision": model_revision or ""}
+
+
+def nnodes(dep):
+    """The number of nodes a deployment's server spans (SGLang's nnodes option; 1 when unset)."""
+    try:
+        return int((dep.get("service", {}).get("options") or {}).get("nnodes") or 1)
+    except (TypeError, ValueError):
+        return 1
 
 
 def signature(dep):
@@ -141,6 +158,9 @@ def rollback_plan(record, wanted, venvs_dir, identity=venv_identity):
     """(restore, reason): the sglang_service arguments that bring the good deployment back, or None and why not (None
     too when the failing deployment is the good one: nothing changed, nothing else to roll back to)."""
     good = record.get("good")
+    if nnodes(wanted) > 1:
+        return None, ("rollback is not done for multi-node servers (nnodes %d): restoring this node alone would leave the ranks "
+                      "diverged; roll all nodes back together by hand" % nnodes(wanted))
     if not good:
         return None, "no deployment has passed the gate on this host since the record began: nothing to roll back to"
     if signature(good) == signature(wanted):
@@ -155,12 +175,28 @@ def rollback_plan(record, wanted, venvs_dir, identity=venv_identity):
 
 
 def record_failed(record, wanted, diagnosis, good, now=None):
-    """The record after ``wanted`` failed its gate and is rolled back to ``good``."""
+    """The record after ``wanted`` failed its gate and ``good`` was restored and passed its gate again."""
     now = time.time() if now is None else now
     new = dict(record)
     new["failed"] = {"signature": signature(wanted), "at": round(now, 3), "at_text": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)),
                      "diagnosis": dict((k, diagnosis.get(k)) for k in ("phase", "msg", "remedy", "evidence")),
                      "rolled_back_to": describe(good), "changes": changes(good, wanted)}
+    return new
+
+
+def restored_serves(restored_gate):
+    """Whether the restored deployment passed its gate (the gate's result, or the failed restore's)."""
+    return (restored_gate or {}).get("phase", "ready") == "ready" and not (restored_gate or {}).get("failed")
+
+
+def record_after_rollback(record, wanted, diagnosis, good, restored_gate, failed_at):
+    """The record once the rollback is over: the failure of ``wanted`` is recorded only when ``good`` serves again (a
+    later run of the same deployment fails fast saying so); when the restored one failed too, an older failure is
+    forgotten (its "rolled back to ..., still serving" is no longer true). ``wanted`` None: the record as it is."""
+    if restored_serves(restored_gate):
+        return record_failed(record, wanted, diagnosis, good, now=failed_at) if wanted else record
+    new = dict(record)
+    new.pop("failed", None)
     return new
 
 
@@ -190,17 +226,28 @@ def not_rolled_back(diagnosis, reason):
                    evidence=diagnosis.get("evidence") or [], **details)
 
 
-def rolled_back(diagnosis, good, restored_gate, failed_at, now=None):
-    """The Failure that ends a rolled-back run: the new deployment's diagnosis, then whether the good one serves again."""
+def revision_note(good, wanted):
+    """Said when the restored deployment's model revision is not the one whose files are in place (they are not restored)."""
+    have, had = (wanted or {}).get("model_revision") or "", good.get("model_revision") or ""
+    if not wanted or have == had:
+        return ""
+    return (" (note: the model files in place are revision %s, not the restored deployment's revision %s: a rollback does "
+            "not restore model files)" % (have or "?", had or "?"))
+
+
+def rolled_back(diagnosis, good, restored_gate, failed_at, now=None, wanted=None):
+    """The Failure that ends a rolled-back run: the new deployment's diagnosis, then whether the good one serves again
+    (``wanted``: the failing deployment, to say when the model revision in place is not the restored one's)."""
     now = time.time() if now is None else now
     phase = diagnosis.get("phase") or "not_started"
     msg = _diagnosis_text(diagnosis, phase)
+    note = revision_note(good, wanted)
     evidence = list(diagnosis.get("evidence") or [])
-    if (restored_gate or {}).get("phase", "ready") == "ready" and not (restored_gate or {}).get("failed"):
+    if restored_serves(restored_gate):
         details = gate_details(diagnosis)
         details.update(serving_again_s=round(now - failed_at, 1), rolled_back=True)
-        return Failure(phase, "%s; rolled back to %s, serving again (%.1f s after the failure)" % (msg, describe(good), now - failed_at),
+        return Failure(phase, "%s; rolled back to %s, serving again (%.1f s after the failure)%s" % (msg, describe(good), now - failed_at, note),
                        remedy=diagnosis.get("remedy") or "", evidence=evidence, **details)
-    return Failure("rollback_failed", "%s (%s); the rollback to %s did not serve either: %s" % (msg, phase, describe(good), restored_gate.get("msg")),
+    return Failure("rollback_failed", "%s (%s); the rollback to %s did not serve either: %s%s" % (msg, phase, describe(good), restored_gate.get("msg"), note),
                    remedy="Both deployments failed their gate: see the two diagnoses; %s" % (diagnosis.get("remedy") or ""),
                    evidence=evidence + list(restored_gate.get("evidence") or []), rolled_back=False)

@@ -4,7 +4,7 @@
 """The serve stage of one SGLang unit, in one direction (the work behind the sglang_service module).
 
     options --render()--> unit, environment, secret file (ExecStart built once, sglang_unit.render_service)
-            --restart decision (sglang_restart.restart_reasons, on the fingerprint)
+            --restart decision (sglang_restart.restart_reasons, on the fingerprint; lock_reasons, on the venv's lock)
             --checks before the running server is touched (sglang_restart.setting_problems)
             --plan_launch()--> the memory plan, once (sglang_plan.plan), refused when it does not fit
             --launch: stop, wait until NVML shows the memory released, start, the launch id
@@ -21,6 +21,7 @@ import os
 import signal
 import time
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_restart as sr
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
@@ -71,6 +72,20 @@ def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=
         return None
     res.pop("model", None)
     return res
+
+
+def lock_reasons(stored, lock, stamp_mtime=None):
+    """Why the running server must restart for its venv: sglang_install syncs the venv in place, so a new SGLang
+    version or lock changes neither the unit nor the launcher, only the venv's stamp (``lock``, deployment.venv_lock).
+    ``stored``: the running launch's state; one stored before the lock was (no ``lock_sha256``) restarts when the stamp
+    was written after that launch started (``stamp_mtime``)."""
+    if "lock_sha256" in stored:
+        if stored["lock_sha256"] == lock:
+            return []
+        return ["the venv's lock changed since the running server was started (%s -> %s)" % ((stored["lock_sha256"] or "-")[:12], (lock or "-")[:12])]
+    if stored.get("started") and stamp_mtime and stamp_mtime > stored["started"]:
+        return ["the venv was synced with another lock (%s) after the running server was started" % (lock or "-")[:12]]
+    return []
 
 
 class Server(object):
@@ -127,6 +142,12 @@ class Server(object):
         except (IOError, OSError, ValueError):
             return {}
 
+    def stamp_mtime(self):
+        try:
+            return os.path.getmtime(os.path.join(self.rooted(self.p["venv"]), dp.LOCK_STAMP))
+        except OSError:
+            return None
+
     def holders(self, facts, props):
         ours, _source = su.unit_pids(props, self.p["cgroup_root"])
         return su.gpu_holders(facts, ours), ours
@@ -157,6 +178,7 @@ class Server(object):
         except su.OptionError as e:
             raise Failure("not_started", str(e), remedy=sr.REMEDY_OPTION)
         self.fingerprint = su.config_fingerprint(self.unit_text + su.LAUNCHER_SCRIPT, self.env_text + (self.secret_text or ""))
+        self.lock = dp.venv_lock(self.rooted(p["venv"]))  # read once: the restart decision and the state of the launch
         self.result["exec_start"] = line
 
     # ---- checks before the running server is touched --------------------------------
@@ -274,7 +296,7 @@ class Server(object):
         return changed
 
     def save_state(self, launch_id, plan, baseline):
-        data = {"fingerprint": self.fingerprint, "launch_id": launch_id, "baseline_mib": baseline, "started": time.time(),
+        data = {"fingerprint": self.fingerprint, "lock_sha256": self.lock, "launch_id": launch_id, "baseline_mib": baseline, "started": time.time(),
                 "plan": sr.stored_plan(plan)}
         write_atomic(self.state_file, json.dumps(data, sort_keys=True) + "\n", 0o600)
 
@@ -329,6 +351,8 @@ class Server(object):
         holders, ours = self.holders(facts, props)
         stored = self.stored()
         reasons = sr.restart_reasons(props, stored.get("fingerprint"), self.fingerprint, self.p["force_restart"])
+        if props.get("ActiveState") in sr.RUNNING_STATES:
+            reasons += lock_reasons(stored, self.lock, self.stamp_mtime())
         self.result.update(gpu_processes=holders, gpu_used_mib=su.used_mib(facts), reasons=reasons, nrestarts=su.nrestarts(props))
         if not reasons:
             return self.keep(props, stored)

@@ -18,11 +18,15 @@ description:
   - O(state=checked), before the server is touched, fails fast with the recorded diagnosis when the wanted deployment
     is the one that failed its gate and was rolled back, unless O(retry).
   - O(state=recorded), after a passing gate, makes the wanted deployment the good one.
-  - O(state=failed), after a failed gate, records the failure and returns in RV(restore) the sglang_service
-    arguments of the good deployment (its venv, or the copy sglang_install kept under O(venvs_dir)); it fails when
-    there is nothing to roll back to.
+  - O(state=failed), after a failed gate, returns in RV(restore) the sglang_service arguments of the good deployment
+    (its venv, or the copy sglang_install kept under O(venvs_dir)); it writes nothing, and it fails with the gate's
+    diagnosis when there is nothing to roll back to.
   - O(state=rolled_back), after the restored server's gate, always fails, with the new deployment's diagnosis and
-    C(rolled back to <what>, serving again), or with C(phase=rollback_failed) when the restored one failed too.
+    C(rolled back to <what>, serving again), or with C(phase=rollback_failed) when the restored one failed too. Only
+    when the restored one passed its gate is the failure of O(deployment) recorded (for O(state=checked) to fail fast).
+  - A multi-node server (SGLang option C(nnodes) > 1) is not rolled back (O(state=failed) fails with the gate's
+    diagnosis and says so), as one node cannot restore its peers and the ranks would diverge. The role does not record
+    one either (its peers' gates are unknown on this node).
 author:
   - kpro.gpu_serving developers (!UNKNOWN)
 options:
@@ -63,6 +67,11 @@ options:
     type: float
   good:
     description: RV(good) of the O(state=failed) step; with O(state=rolled_back).
+    type: dict
+  deployment:
+    description:
+      - RV(deployment) of the O(state=failed) step (the deployment that failed its gate); with O(state=rolled_back).
+      - Its failure is recorded once the restored deployment passed its gate; without it nothing is recorded.
     type: dict
   state_dir:
     description: Directory of the record (the same as sglang_service's).
@@ -122,7 +131,7 @@ rolled_back_to:
   type: str
   sample: SGLang 0.5.11 (lock 3b1f0c9a2d4e, venv /opt/sglang/venv), model revision main
 failed_at:
-  description: When the failure was recorded (seconds since the epoch).
+  description: When the failure was found (seconds since the epoch); recorded with it once the rollback served again.
   returned: with state=failed
   type: float
 serving_again_s:
@@ -131,36 +140,35 @@ serving_again_s:
   type: float
 """
 
+import time
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import fail
 
 
-def run(module, result):
+def run(module, result, record):
+    """(the record after this step, the Failure the step ends with or None)."""
     p = module.params
-    path = dp.record_path(p["state_dir"], p["unit"])
-    record = dp.load(path)
     if p["state"] == "rolled_back":
-        raise dp.rolled_back(p["diagnosis"] or {}, p["good"] or {}, p["restored_gate"] or {}, p["failed_at"] or 0.0)
+        good, diagnosis, restored = p["good"] or {}, p["diagnosis"] or {}, p["restored_gate"] or {}
+        return (dp.record_after_rollback(record, p["deployment"], diagnosis, good, restored, p["failed_at"] or 0.0),
+                dp.rolled_back(diagnosis, good, restored, p["failed_at"] or 0.0, wanted=p["deployment"]))
     service = p["service"] or {}
     wanted = dp.deployment(service, dp.venv_identity(service.get("venv") or ""), p["model_revision"])
     result.update(deployment=wanted, signature=dp.signature(wanted), good=record.get("good"),
                   changes=dp.changes(record.get("good") or {}, wanted) if record.get("good") else [])
     if p["state"] == "checked":
-        refusal = dp.fail_fast(record, wanted, p["retry"])
-        if refusal:
-            raise refusal
-        return record
+        return record, dp.fail_fast(record, wanted, p["retry"])
     if p["state"] == "recorded":
-        return dp.record_good(record, wanted)
-    diagnosis = p["diagnosis"] or {}
+        return dp.record_good(record, wanted), None
+    # failed: nothing is written before the restored deployment passed its gate (state=rolled_back)
     restore, reason = dp.rollback_plan(record, wanted, p["venvs_dir"])
     if restore is None:
-        raise dp.not_rolled_back(diagnosis, reason)
-    new = dp.record_failed(record, wanted, diagnosis, record["good"])
-    result.update(restore=restore, rolled_back_to=new["failed"]["rolled_back_to"], failed_at=new["failed"]["at"])
-    return new
+        return record, dp.not_rolled_back(p["diagnosis"] or {}, reason)
+    result.update(restore=restore, rolled_back_to=dp.describe(record["good"]), failed_at=round(time.time(), 3))
+    return record, None
 
 
 def main():
@@ -176,6 +184,7 @@ def main():
             restored_gate=dict(type="dict"),
             failed_at=dict(type="float"),
             good=dict(type="dict"),
+            deployment=dict(type="dict"),
             state_dir=dict(type="path", default="/var/lib/kpro-gpu-serving"),
         ),
         required_if=[("state", "checked", ["service"]), ("state", "recorded", ["service"]), ("state", "failed", ["service", "diagnosis"]),
@@ -184,14 +193,13 @@ def main():
     )
     result = {"changed": False}
     path = dp.record_path(module.params["state_dir"], module.params["unit"])
-    try:
-        before = dp.load(path)
-        after = run(module, result)
-    except Failure as e:
-        fail(module, e, **result)
+    before = dp.load(path)
+    after, failure = run(module, result, before)
     result["changed"] = after != before
     if result["changed"] and not module.check_mode:
         dp.save(path, after)
+    if failure:
+        fail(module, failure, **result)
     if module.params["state"] == "recorded":
         result["good"] = after.get("good")
     module.exit_json(**result)

@@ -138,3 +138,22 @@ def test_known_bad_version_is_refused_before_anything(site):
 def test_missing_lock_names_the_regeneration_command(site):
     res = play(site, "-e", "sglang_install_version=0.5.13", "-e", "sglang_install_lock_file=")
     assert res["failed"] == 1 and re.search(r"regenerate.sh 0.5.13 3\.[0-9]+", res["out"]), res["out"]
+
+
+def test_pruning_never_removes_a_kept_venv_in_use(site):
+    """keep_venvs=1 prunes every older copy, except the recorded good deployment's and the one a unit runs."""
+    venvs, state, units = site / "kept", site / "state", site / "units"
+    for d in (state, units):
+        d.mkdir(exist_ok=True)
+    (state / "sglang-deployment.json").write_text(json.dumps({"good": {"lock_sha256": "a" * 64}}, indent=1))
+    (units / "sglang.service").write_text("[Service]\nExecStart=/usr/local/bin/x %s/%s/bin/python -m sglang.launch_server\n"
+                                          % (venvs, "b" * 16))
+    for name in ("a" * 16, "b" * 16, "c" * 16):
+        (venvs / name).mkdir(parents=True, exist_ok=True)
+    common = ["-e", json.dumps({"sglang_install_venvs_dir": str(venvs), "sglang_install_keep_venvs": 1,
+                                "sglang_install_in_use_dirs": [str(state), str(units), str(site / "missing")]})]
+    for v in ("0.5.12", "0.5.11"):   # the second one syncs another lock over a stamped venv: keep, then prune
+        res = play(site, *common, "-e", "sglang_install_version=%s" % v, "-e", "sglang_install_lock_file=%s" % (site / ("lock-%s.txt" % v)))
+        assert res["failed"] == 0, res["out"]
+    left = sorted(os.listdir(str(venvs)))
+    assert "a" * 16 in left and "b" * 16 in left and "c" * 16 not in left, left

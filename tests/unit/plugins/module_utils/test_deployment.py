@@ -120,3 +120,26 @@ def test_not_rolled_back_keeps_the_gates_failure_and_says_why():
     assert same.details == {"launch_id": "1", "known_answer": {"failed": ["count"]}, "rolled_back": False}
     assert (same.phase, same.msg, same.remedy, same.evidence) == ("timeout", "launch 1 did not become ready", "wait", ["x"])
     assert dp.not_rolled_back(diag, "no deployment").msg == "launch 1 did not become ready; not rolled back: no deployment"
+
+
+def test_a_multi_node_deployment_is_never_rolled_back(tmp_path):
+    make_venv(tmp_path / "venv", OLD)
+    good = dep(venv=str(tmp_path / "venv"))
+    assert dp.nnodes(good) == 1 and dp.nnodes(dep(nnodes=2)) == 2 and dp.nnodes(dep(nnodes="x")) == 1
+    restore, reason = dp.rollback_plan({"good": good}, dep(venv=str(tmp_path / "venv"), nnodes=2, tp_size=4), None)
+    assert restore is None and "not done for multi-node servers (nnodes 2)" in reason
+
+
+def test_the_failure_is_recorded_only_when_the_restored_one_serves():
+    good, wanted = dep(), dep(lock=NEW, revision="r2")
+    older = {"good": good, "failed": {"signature": "x", "rolled_back_to": "y"}}
+    served = dp.record_after_rollback(older, wanted, {"phase": "oom"}, good, {"phase": "ready"}, 100.0)
+    assert served["failed"]["signature"] == dp.signature(wanted) and served["failed"]["at"] == 100.0
+    assert "failed" not in dp.record_after_rollback(older, wanted, {"phase": "oom"}, good, {"failed": True, "phase": "oom"}, 100.0)
+    assert dp.record_after_rollback(older, None, {}, good, {"phase": "ready"}, 1.0) == older
+
+
+def test_the_message_says_when_the_model_revision_in_place_is_not_the_restored_ones():
+    assert dp.revision_note(dep(revision="main"), dep(revision="main")) == "" and dp.revision_note(dep(), None) == ""
+    f = dp.rolled_back({"phase": "oom", "msg": "oom: x"}, dep(revision="r1"), {"phase": "ready"}, 0.0, now=1.0, wanted=dep(revision="r2"))
+    assert "the model files in place are revision r2, not the restored deployment's revision r1" in f.msg

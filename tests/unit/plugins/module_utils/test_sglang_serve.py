@@ -136,3 +136,23 @@ def test_one_launch_header(tmp_path):
     assert read_launch_header(str(log)) == "abc123"
     log.write_text("no header\n")
     assert read_launch_header(str(log)) is None and read_launch_header(str(tmp_path / "nope")) is None
+
+
+def test_a_changed_venv_lock_is_a_restart_reason():
+    lock, other = "1" * 64, "2" * 64
+    assert sglang_serve.lock_reasons({"lock_sha256": lock}, lock) == []
+    assert "lock changed" in sglang_serve.lock_reasons({"lock_sha256": lock}, other)[0]
+    assert "lock changed" in sglang_serve.lock_reasons({"lock_sha256": ""}, other)[0]
+    # a launch stored before the lock was: a stamp written after the launch started means a sync under it
+    assert sglang_serve.lock_reasons({"started": 100.0}, other, stamp_mtime=50.0) == []
+    assert "synced" in sglang_serve.lock_reasons({"started": 100.0}, other, stamp_mtime=150.0)[0]
+    assert sglang_serve.lock_reasons({}, other, stamp_mtime=150.0) == []
+
+
+def test_render_reads_the_venv_lock_once(tmp_path):
+    venv = tmp_path / "opt" / "sglang" / "venv"
+    venv.mkdir(parents=True)
+    (venv / ".kpro-lock.sha256").write_text("1" * 64 + "\n")
+    server = sglang_serve.Server(FakeModule(tmp_path))
+    server.render()
+    assert server.lock == "1" * 64

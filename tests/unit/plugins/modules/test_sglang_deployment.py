@@ -62,9 +62,12 @@ def test_a_failed_venv_change_restores_the_kept_venv_then_the_same_change_fails_
     kept = venv(str(tmp / "venvs" / OLD[:16]), OLD)
     venv(v, NEW)  # sglang_install synced the venv with another lock
     res = call(tmp, state="failed", service=service(v), diagnosis=DIAG, venvs_dir=str(tmp / "venvs"))
-    assert res["changed"] is True and res["restore"]["venv"] == kept and res["changes"] == ["lock_sha256: %s -> %s" % (OLD, NEW)]
+    assert res["changed"] is False and res["restore"]["venv"] == kept and res["changes"] == ["lock_sha256: %s -> %s" % (OLD, NEW)]
     assert res["rolled_back_to"].startswith("SGLang 0.5.11 (lock 111111111111, venv %s)" % v)
-    done = call(tmp, state="rolled_back", diagnosis=DIAG, good=res["good"], failed_at=res["failed_at"], restored_gate={"phase": "ready"})
+    assert call(tmp, state="checked", service=service(v)).get("failed") is not True  # nothing recorded before the restored gate
+    done = call(tmp, state="rolled_back", diagnosis=DIAG, good=res["good"], failed_at=res["failed_at"], restored_gate={"phase": "ready"},
+                deployment=res["deployment"])
+    assert done["changed"] is True and "note: the model files" not in done["msg"]
     assert done["failed"] and done["phase"] == "degenerate_output" and "serving again" in done["msg"] and done["rolled_back"] is True
     fast = call(tmp, state="checked", service=service(v))
     assert fast["failed"] and fast["phase"] == "degenerate_output" and "which is still serving" in fast["msg"]
@@ -78,3 +81,34 @@ def test_nothing_to_roll_back_to_fails_with_the_gates_diagnosis(host):
     call(tmp, state="recorded", service=service(v))
     same = call(tmp, state="failed", service=service(v), diagnosis=DIAG)
     assert same["msg"] == "degenerate_output: launch x of sglang.service did not become ready Remedy: r"
+
+
+def test_a_failed_rollback_records_no_failure_and_forgets_an_older_one(host):
+    tmp, v = host
+    call(tmp, state="recorded", service=service(v), model_revision="r1")
+    venvs = str(tmp / "venvs")
+    venv(str(tmp / "venvs" / OLD[:16]), OLD)
+    venv(v, NEW)
+    res = call(tmp, state="failed", service=service(v), diagnosis=DIAG, venvs_dir=venvs, model_revision="r1")
+    call(tmp, state="rolled_back", diagnosis=DIAG, good=res["good"], failed_at=res["failed_at"], restored_gate={"phase": "ready"},
+         deployment=res["deployment"])
+    assert call(tmp, state="checked", service=service(v), model_revision="r1")["failed"]   # recorded: fails fast
+    # the same change again (retried) fails its gate, and this time the restored deployment fails too
+    res = call(tmp, state="failed", service=service(v), diagnosis=DIAG, venvs_dir=venvs, model_revision="r2")
+    bad = {"failed": True, "phase": "oom", "msg": "oom: no", "evidence": []}
+    done = call(tmp, state="rolled_back", diagnosis=DIAG, good=res["good"], failed_at=res["failed_at"], restored_gate=bad,
+                deployment=res["deployment"])
+    assert done["phase"] == "rollback_failed" and "model files in place are revision r2, not the restored deployment's revision r1" in done["msg"]
+    assert "failed" not in dp.load(dp.record_path(str(tmp / "state"), "sglang.service"))
+    fast = call(tmp, state="checked", service=service(v), model_revision="r1")
+    assert fast.get("failed") is not True
+
+
+def test_a_multi_node_server_is_not_rolled_back(host):
+    tmp, v = host
+    call(tmp, state="recorded", service=service(v))
+    venv(str(tmp / "venvs" / OLD[:16]), OLD)
+    venv(v, NEW)
+    res = call(tmp, state="failed", service=service(v, nnodes=2, node_rank=0), diagnosis=DIAG, venvs_dir=str(tmp / "venvs"))
+    assert res["failed"] and res["phase"] == "degenerate_output" and "rollback is not done for multi-node servers (nnodes 2)" in res["msg"]
+    assert res["rolled_back"] is False and "restore" not in res and res["changed"] is False

@@ -120,3 +120,16 @@ def test_newline_in_environment_and_bad_regex(serving):
     res = service(lab, expect_ok=False, probe_regex="(?i)par(is")
     assert "sglang_server_probe.regex" in res["msg"]
     assert main_pid(lab) == pid and alive(pid) and _files(lab) == files
+
+
+def test_a_changed_venv_lock_restarts_the_server_once(serving):
+    """sglang_install syncs the venv in place (only its lock stamp changes): the server restarts once for it."""
+    lab, _res = serving
+    stamp = lab.root / "nonexistent" / ".kpro-lock.sha256"   # <venv>/.kpro-lock.sha256 under the module's root
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text("1" * 64 + "\n")
+    res = service(lab, restart_sec=1)
+    lab.started.append(main_pid(lab))
+    assert res["restarted"] is True and any("lock changed" in r for r in res["reasons"]), res["reasons"]
+    again = service(lab, restart_sec=1)
+    assert again["changed"] is False and again["restarted"] is False and again["reasons"] == []
