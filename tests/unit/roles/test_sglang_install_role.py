@@ -73,6 +73,8 @@ def site(tmp_path_factory):
     inv = {"all": {"hosts": {"ct": {
         "ansible_connection": "local", "ansible_python_interpreter": SYSTEM_PYTHON,
         "sglang_install_venv": str(root / "opt" / "venv"), "sglang_install_uv_venv": str(root / "opt" / "uv"),
+        # kept venvs and the records that name venvs in use: under the test's directory, never this machine's /opt, /etc
+        "sglang_install_venvs_dir": str(root / "opt" / "venvs"), "sglang_install_in_use_dirs": [str(root / "records")],
         "sglang_install_python": SYSTEM_PYTHON, "sglang_install_no_index": True,
         "sglang_install_find_links": [str(wheels)], "sglang_install_uv_cache_dir": str(root / "uv-cache"),
         "sglang_install_lock_file": str(root / "lock-0.5.11.txt"),
