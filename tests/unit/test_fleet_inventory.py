@@ -101,6 +101,25 @@ def test_the_lab_inventory_is_one_batch_as_before():
                          capture_output=True, text=True, timeout=120, cwd=TOP, check=False,
                          env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"))).stdout
     plays = re.findall(r"play #\d+ \(([^)]*)\): ([^\t]*)", out)
-    assert [h for h, _n in plays] == ["proxmox_hosts", "gpu_containers", "localhost", "kpro_rollout"]
+    assert [h for h, _n in plays] == ["proxmox_hosts", "gpu_containers", "proxmox_hosts:gpu_containers", "kpro_rollout"]
     for tag in ("gpu_host", "lxc_gpu", "container", "gpu_container", "sglang_install", "model", "serve", "sglang_server"):
         assert "%s]" % tag in out or "%s," % tag in out, tag
+
+
+def test_a_container_does_not_run_its_stages_after_its_host_failed(tmp_path):
+    """The host fails in its own stages (gpu_host's argument check): while it is in the block's rescue Ansible does
+    not count it failed yet, so the container's guard must read a fact the host sets only when its stages succeeded."""
+    inv = str(tmp_path / "fleet")
+    shutil.copytree(FLEET, inv)
+    with open(os.path.join(inv, "host_vars", "gpu-b.yml"), "a") as f:
+        f.write("gpu_host_all_kernels: bogus\n")
+    r = play(inv)
+    assert r.returncode == 2
+    assert batches(r.stdout) == [["ct201", "gpu-a"], ["ct202", "gpu-b"]]
+    ct202 = r.stdout.split("PLAY [Stages 1-7")[2]
+    ran = re.findall(r"^TASK \[(?:kpro\.gpu_serving\.)?([\w]+) : [^\]]*\][^\n]*\n(?:ok|changed|fatal): \[ct202\]", ct202, re.M)
+    assert ran == [], ran           # no task of gpu_container, sglang_install, model or sglang_server ran on ct202
+    assert "The Proxmox host gpu-b of this container failed its stages" in ct202
+    assert "gpu-b + ct202: FAILED on gpu-b" in r.stdout
+    rc = recap(r.stdout)
+    assert rc["gpu-b"][1] == 1 and rc["ct202"][1] == 1 and "gpu-c" not in rc
