@@ -36,6 +36,15 @@ def play(inventory, *args, **extra_env):
                           capture_output=True, text=True, env=env, timeout=300, cwd=TOP, check=False)
 
 
+def fleet_with(tmp_path, host, line):
+    """A copy of the example fleet with one more line in a host's variables."""
+    inv = str(tmp_path / "fleet")
+    shutil.copytree(FLEET, inv)
+    with open(os.path.join(inv, "host_vars", host + ".yml"), "a") as f:
+        f.write(line + "\n")
+    return inv
+
+
 def recap(out):
     return dict((m.group(1), (int(m.group(2)), int(m.group(3))))
                 for m in re.finditer(r"^(\S+)\s+: ok=\d+\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", out, re.M))
@@ -82,11 +91,7 @@ def test_serial_from_the_variables():
 
 
 def test_a_failed_host_stops_the_rollout_and_the_summary_shows_every_host(tmp_path):
-    inv = str(tmp_path / "fleet")
-    shutil.copytree(FLEET, inv)
-    with open(os.path.join(inv, "host_vars", "ct202.yml"), "a") as f:
-        f.write("sglang_server_state: bogus\n")
-    r = play(inv)
+    r = play(fleet_with(tmp_path, "ct202", "sglang_server_state: bogus"))
     assert r.returncode == 2
     assert batches(r.stdout) == [["ct201", "gpu-a"], ["ct202", "gpu-b"]]      # gpu-c/gpu-d never touched
     rc = recap(r.stdout)
@@ -110,11 +115,7 @@ def test_the_lab_inventory_is_one_batch_as_before():
 def test_a_container_does_not_run_its_stages_after_its_host_failed(tmp_path):
     """The host fails in its own stages (gpu_host's argument check): while it is in the block's rescue Ansible does
     not count it failed yet, so the container's guard must read a fact the host sets only when its stages succeeded."""
-    inv = str(tmp_path / "fleet")
-    shutil.copytree(FLEET, inv)
-    with open(os.path.join(inv, "host_vars", "gpu-b.yml"), "a") as f:
-        f.write("gpu_host_all_kernels: bogus\n")
-    r = play(inv)
+    r = play(fleet_with(tmp_path, "gpu-b", "gpu_host_all_kernels: bogus"))
     assert r.returncode == 2
     assert batches(r.stdout) == [["ct201", "gpu-a"], ["ct202", "gpu-b"]]
     ct202 = r.stdout.split("PLAY [Stages 1-7")[2]
