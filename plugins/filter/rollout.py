@@ -11,10 +11,10 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import rollout
 
 
-def rollout_plan(groups, hostvars, batch_size=None, max_fail_percentage=None):
+def rollout_plan(groups, hostvars, batch_size=None, max_fail_percentage=None, play_hosts=None):
     """The rollout's host order, serial and max_fail_percentage (module_utils/rollout.py plan())."""
     try:
-        return rollout.plan(groups, hostvars, batch_size, max_fail_percentage)
+        return rollout.plan(groups, hostvars, batch_size, max_fail_percentage, play_hosts)
     except (TypeError, ValueError) as e:
         raise AnsibleFilterError("rollout_plan: %s" % e)
 

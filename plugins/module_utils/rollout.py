@@ -73,15 +73,32 @@ def units(proxmox_hosts, containers, hostvars):
     return [merged[i] for i in sorted(merged)] + orphans
 
 
-def plan(groups, hostvars, batch_size=None, max_fail_percentage=None):
-    """dict(hosts, serial, max_fail_percentage, units) of a rollout.
+def plan(groups, hostvars, batch_size=None, max_fail_percentage=None, play_hosts=None):
+    """dict(hosts, serial, max_fail_percentage, units, batches, problems) of a rollout.
 
     ``batch_size``: units per batch (default: the first Proxmox host's ``kpro_rollout_serial``, else 1; 0 = all at
     once); ``max_fail_percentage``: likewise from ``kpro_rollout_max_fail_percentage``, default 0 (any failed host stops
-    the rollout after its batch; the hosts done before keep serving).
+    the rollout after its batch; the hosts done before keep serving). ``play_hosts``: the hosts of this run (the plan
+    play's ``ansible_play_hosts_all``, that is the inventory under ``--limit``); None for every host. Only the units
+    inside it are planned; a unit only partly inside it is a problem (a host and its containers, and the hosts of one
+    multi-node server, are rolled out together or not at all).
     """
     prox = list((groups or {}).get("proxmox_hosts") or [])
     cts = list((groups or {}).get("gpu_containers") or [])
+    us = units(prox, cts, hostvars)
+    problems = []
+    if play_hosts is not None:
+        inside = set(play_hosts)
+        for unit in us:
+            missing = [h for h in unit if h not in inside]
+            if missing and len(missing) < len(unit):
+                problems.append("--limit names part of the rollout unit %s: name all of it (add %s) or none of it; a "
+                                "Proxmox host, its containers and the hosts of one multi-node server are rolled out "
+                                "together" % (" + ".join(unit), ":".join(missing)))
+        us = [unit for unit in us if all(h in inside for h in unit)]
+        planned = set(h for unit in us for h in unit)
+        prox = [h for h in prox if h in planned]
+        cts = [h for h in cts if h in planned]
     first = prox[0] if prox else (cts[0] if cts else None)
     if batch_size is None:
         batch_size = _get(hostvars, first, "kpro_rollout_serial", 1) if first else 1
@@ -90,13 +107,12 @@ def plan(groups, hostvars, batch_size=None, max_fail_percentage=None):
     batch_size = int(batch_size)
     if batch_size < 0:
         raise ValueError("kpro_rollout_serial must be 0 (all hosts at once) or a number of Proxmox hosts per batch, not %d" % batch_size)
-    us = units(prox, cts, hostvars)
     size = batch_size or max(1, len(us))
     batches = [us[i:i + size] for i in range(0, len(us), size)]
     hosts = [h for unit in us for h in unit]
     serial = [sum(len(u) for u in b) for b in batches] or [1]
     return {"hosts": hosts, "serial": serial, "max_fail_percentage": int(max_fail_percentage), "units": us,
-            "batches": [[h for u in b for h in u] for b in batches], "problems": server_problems(cts, hostvars)}
+            "batches": [[h for u in b for h in u] for b in batches], "problems": problems + server_problems(cts, hostvars)}
 
 
 def server_problems(containers, hostvars):

@@ -28,11 +28,21 @@ ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbo
 pytestmark = pytest.mark.skipif(not os.access(ANSIBLE_PLAYBOOK, os.X_OK), reason="needs the checkout's .venv (ansible-playbook)")
 
 
-def play(inventory, *args):
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default")
+def play(inventory, *args, **extra_env):
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default",
+               **extra_env)
     return subprocess.run([ANSIBLE_PLAYBOOK, "-i", inventory, PLAYBOOK, "--tags", "always", "--skip-tags", "preflight",
                            "-e", "vault_pve_api_token_secret=x", "-e", "vault_sglang_api_key=y"] + list(args),
                           capture_output=True, text=True, env=env, timeout=300, cwd=TOP, check=False)
+
+
+def fleet_with(tmp_path, host, line):
+    """A copy of the example fleet with one more line in a host's variables."""
+    inv = str(tmp_path / "fleet")
+    shutil.copytree(FLEET, inv)
+    with open(os.path.join(inv, "host_vars", host + ".yml"), "a") as f:
+        f.write(line + "\n")
+    return inv
 
 
 def recap(out):
@@ -81,11 +91,7 @@ def test_serial_from_the_variables():
 
 
 def test_a_failed_host_stops_the_rollout_and_the_summary_shows_every_host(tmp_path):
-    inv = str(tmp_path / "fleet")
-    shutil.copytree(FLEET, inv)
-    with open(os.path.join(inv, "host_vars", "ct202.yml"), "a") as f:
-        f.write("sglang_server_state: bogus\n")
-    r = play(inv)
+    r = play(fleet_with(tmp_path, "ct202", "sglang_server_state: bogus"))
     assert r.returncode == 2
     assert batches(r.stdout) == [["ct201", "gpu-a"], ["ct202", "gpu-b"]]      # gpu-c/gpu-d never touched
     rc = recap(r.stdout)
@@ -101,6 +107,73 @@ def test_the_lab_inventory_is_one_batch_as_before():
                          capture_output=True, text=True, timeout=120, cwd=TOP, check=False,
                          env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"))).stdout
     plays = re.findall(r"play #\d+ \(([^)]*)\): ([^\t]*)", out)
-    assert [h for h, _n in plays] == ["proxmox_hosts", "gpu_containers", "localhost", "kpro_rollout"]
+    assert [h for h, _n in plays] == ["proxmox_hosts", "gpu_containers", "proxmox_hosts:gpu_containers", "kpro_rollout"]
     for tag in ("gpu_host", "lxc_gpu", "container", "gpu_container", "sglang_install", "model", "serve", "sglang_server"):
         assert "%s]" % tag in out or "%s," % tag in out, tag
+
+
+def test_a_container_does_not_run_its_stages_after_its_host_failed(tmp_path):
+    """The host fails in its own stages (gpu_host's argument check): while it is in the block's rescue Ansible does
+    not count it failed yet, so the container's guard must read a fact the host sets only when its stages succeeded."""
+    r = play(fleet_with(tmp_path, "gpu-b", "gpu_host_all_kernels: bogus"))
+    assert r.returncode == 2
+    assert batches(r.stdout) == [["ct201", "gpu-a"], ["ct202", "gpu-b"]]
+    ct202 = r.stdout.split("PLAY [Stages 1-7")[2]
+    ran = re.findall(r"^TASK \[(?:kpro\.gpu_serving\.)?([\w]+) : [^\]]*\][^\n]*\n(?:ok|changed|fatal): \[ct202\]", ct202, re.M)
+    assert ran == [], ran           # no task of gpu_container, sglang_install, model or sglang_server ran on ct202
+    assert "The Proxmox host gpu-b of this container failed its stages" in ct202
+    assert "gpu-b + ct202: FAILED on gpu-b" in r.stdout
+    rc = recap(r.stdout)
+    assert rc["gpu-b"][1] == 1 and rc["ct202"][1] == 1 and "gpu-c" not in rc
+
+
+def test_a_limited_run_plans_exactly_the_limited_units():
+    r = play(FLEET, "--limit", "gpu-b:ct202")                     # README "Scaling"
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert batches(r.stdout) == [["ct202", "gpu-b"]]
+    assert set(recap(r.stdout)) == {"gpu-b", "ct202"}
+    # the batches are made of the limited units only: two units, serial 2, one batch
+    r = play(FLEET, "--limit", "gpu-a:ct201:gpu-c:ct301:gpu-d:ct302", "-e", "kpro_rollout_serial=2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert batches(r.stdout) == [["ct201", "ct301", "ct302", "gpu-a", "gpu-c", "gpu-d"]]
+    assert "gpu-a + ct201: serving" in r.stdout and "gpu-c + ct301 + gpu-d + ct302: serving" in r.stdout
+    assert "gpu-b" not in r.stdout
+
+
+def test_the_plan_is_made_once():
+    r = play(FLEET)
+    plan = r.stdout.split("TASK [Plan the rollout of the hosts of this run]")[1].split("TASK [")[0]
+    assert re.findall(r"^ok: \[([\w-]+)\]", plan, re.M) == ["gpu-a"], plan
+
+
+@pytest.mark.parametrize("limit, missing", [("gpu-b", "gpu-b + ct202: name all of it (add ct202)"),
+                                            ("ct202", "gpu-b + ct202: name all of it (add gpu-b)"),
+                                            ("gpu-c:ct301", "gpu-c + ct301 + gpu-d + ct302: name all of it (add gpu-d:ct302)")])
+def test_a_limit_naming_part_of_a_unit_is_refused(limit, missing):
+    r = play(FLEET, "--limit", limit)
+    assert r.returncode == 2, r.stdout[-3000:]
+    assert "--limit names part of the rollout unit " + missing in r.stdout
+    assert batches(r.stdout) == []                                 # the rollout play never ran
+    assert all(f == 1 for _c, f in recap(r.stdout).values())
+
+
+def test_the_lab_inventory_runs_one_batch_with_changed_0(tmp_path):
+    """The single-host lab inventory (its host given an address nothing listens on, its lab files stand-ins): the
+    rollout's own tasks run as one batch, the host before its container, nothing changed."""
+    inv = str(tmp_path / "lab")
+    shutil.copytree(os.path.join(TOP, "inventories", "lab"), inv)
+    with open(os.path.join(inv, "hosts.yml")) as f:
+        text = f.read()
+    with open(os.path.join(inv, "hosts.yml"), "w") as f:
+        f.write(text.replace("ansible_host: 10.213.5.2", "ansible_host: 127.0.0.254\n          ansible_port: 9"))
+    run = tmp_path / "run"
+    (run / "build").mkdir(parents=True)
+    (run / "pve-credentials.json").write_text("{}")
+    (run / "hub-token").write_text("t")
+    (run / "sglang-api-key").write_text("k")
+    (run / "build" / "NVIDIA-Linux-x86_64-580.126.09.run.sha256").write_text("0" * 64 + "  x\n")
+    r = play(inv, KPGS_LAB_RUN=str(run))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert batches(r.stdout) == [["ct129", "kpro5"]]
+    assert recap(r.stdout) == {"kpro5": (0, 0), "ct129": (0, 0)}
+    assert "TASK [kpro.gpu_serving.sglang_server : " in r.stdout.split("PLAY [Stages 1-7")[1]

@@ -70,3 +70,21 @@ def test_the_nodes_of_a_server_must_agree():
     hv = dict(HOSTVARS, ct302={"pve_node_host": "gpu-d", "sglang_server_options": dict(TWO, node_rank=0)})
     problems = rollout.plan(GROUPS, hv)["problems"]
     assert problems and problems[0].startswith("the multi-node server at 192.0.2.31:20000: node ranks [0, 0]")
+
+
+def test_plan_under_a_limit_plans_only_the_named_units():
+    p = rollout.plan(GROUPS, HOSTVARS, play_hosts=["gpu-b", "ct202"])
+    assert p["units"] == [["gpu-b", "ct202"]] and p["serial"] == [2] and p["problems"] == []
+    p = rollout.plan(GROUPS, HOSTVARS, batch_size=2, play_hosts=["gpu-a", "ct201", "gpu-c", "ct301", "gpu-d", "ct302"])
+    assert p["batches"] == [["gpu-a", "ct201", "gpu-c", "ct301", "gpu-d", "ct302"]] and p["serial"] == [6]
+    assert rollout.plan(GROUPS, HOSTVARS, play_hosts=list(HOSTVARS))["hosts"] == rollout.plan(GROUPS, HOSTVARS)["hosts"]
+
+
+def test_plan_under_a_limit_refuses_part_of_a_unit():
+    p = rollout.plan(GROUPS, HOSTVARS, play_hosts=["gpu-b"])
+    assert p["hosts"] == [] and len(p["problems"]) == 1
+    assert p["problems"][0].startswith("--limit names part of the rollout unit gpu-b + ct202: name all of it (add ct202)")
+    p = rollout.plan(GROUPS, HOSTVARS, play_hosts=["gpu-c", "ct301", "ct202"])       # half a multi-node server
+    assert [m.split(":")[0] for m in p["problems"]] == ["--limit names part of the rollout unit gpu-b + ct202",
+                                                        "--limit names part of the rollout unit gpu-c + ct301 + gpu-d + ct302"]
+    assert "(add gpu-d:ct302)" in p["problems"][1]
