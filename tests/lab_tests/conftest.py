@@ -98,10 +98,9 @@ def files_holding(secret, *tops):
 
 
 # Tests that need a serving lab run right after test_serve_safety.py, whose `serving` fixture converges once: they reuse
-# that converge instead of one each (a converge is 1-2 min). test_reboot.py comes last: its kernel upgrade without
-# headers leaves the node stranded on purpose (a next-boot kernel with no module); the tests after it (test_stock_host*)
-# start from a reset node.
-AFTER_SERVE_SAFETY = ("test_rollback.py", "test_kernel_upgrade.py", "test_reboot.py")
+# that converge instead of one each (a converge is 1-2 min). The kernel upgrade changes the node most (a new kernel,
+# Secure Boot), so it comes last; the tests after it (test_stock_host*) start from a reset node.
+AFTER_SERVE_SAFETY = ("test_rollback.py", "test_reboot.py", "test_kernel_upgrade.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -62,9 +62,10 @@ def _playbook():
     restored_args = dict((k, restored["kpro.gpu_serving.sglang_gate"][k]) for k in ("base_url", "expected_probe_regex", "node_rank"))
     return [{"hosts": "all", "gather_facts": False, "tasks": [
         {"name": "load", "ansible.builtin.import_role": {"name": "kpro.gpu_serving.sglang_server"}, "when": False},
-        {"name": "a failed gate", "ansible.builtin.set_fact": {"sglang_server_service": {"restarted": "{{ restarted }}"},
-                                                              "sglang_server_gate": {"failed": True, "phase": "oom"},
-                                                              "sglang_server__failed": {"restore": RESTORE}}},
+        {"name": "a failed gate", "ansible.builtin.set_fact": {
+            "sglang_server_service": {"restarted": "{{ restarted }}"},
+            "sglang_server_gate": {"failed": True, "phase": "oom"},
+            "sglang_server__failed": {"restore": RESTORE}}},
         {"name": "resolve", "ansible.builtin.debug": {"msg": "WIRED {{ resolved | to_json }}"}, "vars": {"resolved": wanted}},
         {"name": "resolve restored", "ansible.builtin.debug": {"msg": "RESTORED {{ resolved | to_json }}"},
          "vars": dict(restored.get("vars", {}), resolved=restored_args)},
