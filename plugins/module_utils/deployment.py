@@ -46,12 +46,17 @@ def load(path):
     return data if isinstance(data, dict) else {}
 
 
+def render(record):
+    """The record file's text (also what --diff shows)."""
+    return json.dumps(record, sort_keys=True, indent=1) + "\n"
+
+
 def save(path, record):
     """Write ``record`` (0600, its directory made 0755 first); returns the text written."""
     d = os.path.dirname(path)
     if not os.path.isdir(d):
         os.makedirs(d, 0o755)
-    text = json.dumps(record, sort_keys=True, indent=1) + "\n"
+    text = render(record)
     atomic_write(path, text.encode("utf-8"), mode=MODE_DEFAULT, default_mode=0o600, unique_tmp=True)
     return text
 

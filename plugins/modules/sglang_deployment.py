@@ -82,8 +82,8 @@ attributes:
     support: full
     description: Nothing is written in check mode; C(changed) says whether the record would change.
   diff_mode:
-    support: none
-    description: The record is internal state.
+    support: full
+    description: A changed record is shown as the before and after text of its JSON file.
 extends_documentation_fragment:
   - kpro.gpu_serving.failure
 """
@@ -196,6 +196,9 @@ def main():
     before = dp.load(path)
     after, failure = run(module, result, before)
     result["changed"] = after != before
+    if result["changed"] and module._diff:
+        result["diff"] = {"before_header": path, "after_header": path, "before": dp.render(before) if before else "",
+                          "after": dp.render(after)}
     if result["changed"] and not module.check_mode:
         dp.save(path, after)
     if failure:

@@ -112,3 +112,16 @@ def test_a_multi_node_server_is_not_rolled_back(host):
     res = call(tmp, state="failed", service=service(v, nnodes=2, node_rank=0), diagnosis=DIAG, venvs_dir=str(tmp / "venvs"))
     assert res["failed"] and res["phase"] == "degenerate_output" and "rollback is not done for multi-node servers (nnodes 2)" in res["msg"]
     assert res["rolled_back"] is False and "restore" not in res and res["changed"] is False
+
+
+def test_diff_shows_the_record_as_it_would_be_written(host):
+    tmp, v = host
+    args = dict(state="recorded", service=service(v), model_revision="main", _ansible_diff=True)
+    seen = call(tmp, check_mode=True, **args)
+    assert seen["diff"]["before"] == "" and '"lock_sha256": "%s"' % OLD in seen["diff"]["after"]
+    assert not os.path.exists(str(tmp / "state"))
+    call(tmp, **args)
+    path = dp.record_path(str(tmp / "state"), "sglang.service")
+    with open(path) as f:
+        assert f.read() == seen["diff"]["after"]
+    assert "diff" not in call(tmp, **args)  # unchanged: nothing to show
