@@ -12,11 +12,32 @@ from conftest import labctl
 from test_gpu_host_stage import play, recap
 
 
-@pytest.fixture(autouse=True, scope="module")
-def fresh_node_afterwards():
-    """These tests install the driver; the lab tests after them expect a node as booted."""
-    yield
+@pytest.fixture(scope="module")
+def host_done(lab):
+    """A fresh node with the host stage done, once for this module (a driver install costs about a minute);
+    the lab tests after these expect a node as booted."""
     labctl("reset")
+    assert recap(play("--tags", "gpu_host").stdout)["failed"] == 0
+    with open(os.path.join(lab.root, "etc/pve/lxc/129.conf")) as f:
+        base = f.read()
+    yield lab, base
+    labctl("reset")
+
+
+@pytest.fixture
+def no_passthrough(host_done):
+    """Container 129 as the host stage left it: its config without any passthrough line, running (restarted
+    when a test before this one changed its config)."""
+    lab, base = host_done
+    path = os.path.join(lab.root, "etc/pve/lxc/129.conf")
+    with open(path) as f:
+        current = f.read()
+    if current != base:
+        lab.exec("pct", "stop", "129")
+        with open(path, "w") as f:
+            f.write(base)
+        lab.exec("pct", "start", "129")
+    return lab
 
 
 def conf(lab):
@@ -28,9 +49,8 @@ def changed_lines(before, after):
     return [d for d in difflib.ndiff(before, after) if d[:2] in ("- ", "+ ")]
 
 
-def test_lxc_raw_passthrough_then_uvm_major_change(lab):
-    labctl("reset")
-    assert recap(play("--tags", "gpu_host").stdout)["failed"] == 0
+def test_lxc_raw_passthrough_then_uvm_major_change(no_passthrough):
+    lab = no_passthrough
     before = conf(lab)
     pid_before = lab.state()["guests"]["129"].get("pid")
     r = play("--tags", "lxc_gpu", "-e", "lxc_gpu_method=lxc_raw")
@@ -61,9 +81,8 @@ def test_lxc_raw_passthrough_then_uvm_major_change(lab):
     assert all(("%d" % new) in d for d in diff if d.startswith("+ ")), diff
 
 
-def test_devn_passthrough_changes_only_its_lines_and_restarts_once(lab):
-    labctl("reset")
-    assert recap(play("--tags", "gpu_host").stdout)["failed"] == 0
+def test_devn_passthrough_changes_only_its_lines_and_restarts_once(no_passthrough):
+    lab = no_passthrough
     before = conf(lab)
     pid_before = lab.state()["guests"]["129"].get("pid")
     r = play("--tags", "lxc_gpu")

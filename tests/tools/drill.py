@@ -10,7 +10,8 @@
 
 The lab is brought up (if it is down) and the stages before serve are converged (idempotent: a re-run
 changes nothing). For each drill the stand-in is told what to do through the lab's drill file (the
-node's /var/lib/kpro-lab/sglang-drill, which container 129 sees), the serve stage runs with
+node's /var/lib/kpro-lab/sglang-drill, which container 129 sees), the serve stage runs (without the preflight plays:
+the drills are about the serve stage, and its inputs are the converged lab's) with
 sglang_server_force_restart=true (the output drills in REUSE: against the running server, no restart), and the
 gate's result (phase, evidence, remedy, the failed known-answer checks) is printed. The
 drill `gpu_memory_held` starts a foreign process in the container that holds GPU memory (ended by PID
@@ -172,9 +173,9 @@ def run_drill(name, quiet=False):
     set_drill("" if name in NOT_STANDIN else name)
     if name == "gpu_memory_held":
         # stop our server first: the check is about memory that is not ours
-        play("--tags", "serve", "-e", "sglang_server_state=stopped")
+        play("--tags", "serve", "--skip-tags", "preflight", "-e", "sglang_server_state=stopped")
         holder = start_foreign_holder()
-    args = ["--tags", "serve", "-e", "sglang_server_gate_timeout=120"]
+    args = ["--tags", "serve", "--skip-tags", "preflight", "-e", "sglang_server_gate_timeout=120"]
     args += ["-e", "sglang_server_gate_poll=1"] if name in REUSE else ["-e", "sglang_server_force_restart=true"]
     for k, v in extra.items():
         args += ["-e", json.dumps({k: v})]
