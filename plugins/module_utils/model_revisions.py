@@ -28,7 +28,7 @@ import shutil
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import load_json
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.hf import (
-    load_markers, load_tree_cache, make_marker, marker_valid, safe_relpath, save_json, save_markers, select_entries, state_path)
+    load_tree_cache, make_marker, marker_valid, safe_relpath, save_json, save_markers, select_entries, state_path)
 
 KEPT_DIR = os.path.join(".cache", "kpro-revisions")
 KEPT_FILE = ".kpro-kept.json"
