@@ -164,7 +164,8 @@ def keep(local_dir, repo_id, revision, commit, entries, markers):
             markers[e["path"]] = make_marker(e, os.stat(src))
     save_markers(local_dir, markers)
     save_json(os.path.join(dest, KEPT_FILE), {"repo_id": repo_id, "revision": revision, "commit": commit,
-                                              "files": len(entries), "bytes": sum(e["size"] for e in entries)})
+                                              "files": len(entries), "bytes": sum(e["size"] for e in entries),
+                                              "markers": dict((e["path"], markers[e["path"]]) for e in entries if e["path"] in markers)})
     dropped = [c for c in kept_commits(local_dir) if c != commit]
     for c in dropped:
         shutil.rmtree(kept_path(local_dir, c), ignore_errors=True)
@@ -182,3 +183,34 @@ def remove(local_dir, entries, todo_paths, markers):
                 pass
             markers.pop(e["path"], None)
     save_markers(local_dir, markers)
+
+
+def restore_kept(local_dir, commit, markers, check_mode=False):
+    """Bring a kept revision back into the model directory when it is asked for again (after a rollback the model
+    directory holds the failed revision): each kept file whose size, mtime and inode are still those it was kept with
+    is hard-linked back over its path (no bytes downloaded or hashed again) and its marker restored. Returns the
+    paths restored (in check mode: that would be)."""
+    data = load_kept(local_dir, commit) if commit else None
+    out = []
+    for path, m in sorted(((data or {}).get("markers") or {}).items()):
+        src = os.path.join(kept_path(local_dir, commit), safe_relpath(path))
+        dst = os.path.join(local_dir, safe_relpath(path))
+        try:
+            st = os.stat(src)
+        except OSError:
+            continue
+        if (st.st_size, st.st_mtime_ns, st.st_ino) != (m.get("size"), m.get("mtime_ns"), m.get("ino")):
+            continue  # changed since it was kept: the normal check decides
+        if os.path.exists(dst) and os.stat(dst).st_ino == st.st_ino and (markers.get(path) or {}).get("oid") == m.get("oid"):
+            continue  # in place already
+        out.append(path)
+        if not check_mode:
+            tmp = dst + ".kpro-restore"
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.link(src, tmp)
+            os.replace(tmp, dst)
+            markers[path] = dict(m, ctime_ns=os.stat(dst).st_ctime_ns)
+    if out and not check_mode:
+        save_markers(local_dir, markers)
+    return out

@@ -274,6 +274,15 @@ previous_revision:
   type: dict
   sample: {action: keep, previous: 0123456789abcdef0123456789abcdef01234567, reclaim: 1073741824,
            message: "previous model revision 0123... is kept beside 89ab... (...): a rollback can use it"}
+restored_from_kept:
+  description:
+    - Repository paths brought back from the kept copy of O(revision) (C(<local_dir>/.cache/kpro-revisions/<commit>/),
+      a revision kept for a rollback and asked for again), as hard links, instead of being downloaded (in check mode,
+      that would be). Only for a commit sha in O(revision); a kept file changed since it was kept is checked and
+      downloaded as usual.
+  returned: when a kept copy was used
+  type: list
+  elements: str
 finished:
   description: In watch mode (O(job)), false while the background download still runs.
   returned: in watch mode

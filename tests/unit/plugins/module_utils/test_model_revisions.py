@@ -155,3 +155,25 @@ def test_the_model_stage_removes_and_warns_when_only_one_fits(model, monkeypatch
     assert mr.kept_commits(model) == [] and r["previous_revision"]["action"] == "remove"
     with open(os.path.join(model, "model.safetensors"), "rb") as f:
         assert f.read() == b"B" * 120
+
+
+def test_a_kept_revision_asked_for_again_comes_back_without_a_download(model):
+    markers = hf.load_markers(model)
+    mr.keep(model, REPO_ID, A, A, listing(A), markers)
+    write_rev(model, B, markers)  # the new revision's download (then it failed its gate and was rolled back)
+    # check mode: says which files would come back, changes nothing, and the local check counts them complete
+    assert mr.restore_kept(model, A, markers, check_mode=True) == ["config.json", "model.safetensors"]
+    with open(os.path.join(model, "model.safetensors"), "rb") as f:
+        assert f.read() == b"B" * 120
+    result = {"_assume": {"config.json", "model.safetensors"}, "_mismatch": [], "_markers_changed": False}
+    assert all(s["state"] == "complete" for s in hd._check_local(model, listing(A), markers, True, result).values())
+    assert mr.restore_kept(model, A, markers) == ["config.json", "model.safetensors"]
+    with open(os.path.join(model, "model.safetensors"), "rb") as f:
+        assert f.read() == b"A" * 100
+    assert all(hf.file_status(model, e, hf.load_markers(model))["state"] == "complete" for e in listing(A))
+    assert mr.restore_kept(model, A, markers) == []            # idempotent
+    assert mr.restore_kept(model, B, markers) == [] and mr.restore_kept(model, None, markers) == []
+    # a kept file changed since it was kept is not trusted: the normal check and download decide
+    os.utime(os.path.join(mr.kept_path(model, A), "config.json"), ns=(1, 1))
+    write_rev(model, B, markers)
+    assert mr.restore_kept(model, A, markers) == ["model.safetensors"]
