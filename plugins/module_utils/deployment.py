@@ -27,6 +27,7 @@ import time
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, load_json, read_text
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.model_revisions import KEPT_DIR, find_kept
 
 # sglang_install writes the lock's sha256 here after a successful sync
 LOCK_STAMP = ".kpro-lock.sha256"
@@ -159,7 +160,30 @@ def restore_venv(good, venvs_dir, identity=venv_identity):
     return None
 
 
-def rollback_plan(record, wanted, venvs_dir, identity=venv_identity):
+def restore_model(good, wanted, kept=find_kept):
+    """(service arguments with the model directory the good deployment's revision is in, None) or (None, why not).
+
+    The same revision as the wanted one: the model directory as it is. Another one: its copy kept by the model stage
+    (model_revisions) replaces the model directory in the arguments and in every SGLang option that named it (model_path,
+    tokenizer_path); when it was not kept (not enough disk for both), no server is started on the wrong files."""
+    service = dict(good["service"])
+    had, have = good.get("model_revision") or "", wanted.get("model_revision") or ""
+    if had == have:
+        return service, None
+    model_dir = service.get("model_dir") or (service.get("options") or {}).get("model_path") or ""
+    path = kept(model_dir, had)
+    if path is None:
+        return None, ("the model files of revision %s are not kept on this host (%s holds revision %s, and no copy of %s is under "
+                      "%s: the disk had no room for both, or it was never downloaded here). Nothing was started on the wrong files. "
+                      "To serve the recorded deployment again, run the play with model_revision: %s (the model stage downloads it "
+                      "again); to keep the previous revision on the next change, free disk space on the model's filesystem"
+                      % (had or "?", model_dir, have or "?", had or "?", os.path.join(model_dir, KEPT_DIR), had or "?"))
+    service["options"] = dict((k, path if v == model_dir else v) for k, v in (service.get("options") or {}).items())
+    service["model_dir"] = path
+    return service, None
+
+
+def rollback_plan(record, wanted, venvs_dir, identity=venv_identity, kept=find_kept):
     """(restore, reason): the sglang_service arguments that bring the good deployment back, or None and why not (None
     too when the failing deployment is the good one: nothing changed, nothing else to roll back to)."""
     good = record.get("good")
@@ -174,7 +198,9 @@ def rollback_plan(record, wanted, venvs_dir, identity=venv_identity):
     if venv is None:
         return None, ("the venv of %s was not kept (neither %s nor %s holds lock %s)"
                       % (describe(good), good["service"].get("venv"), kept_venv(venvs_dir, good.get("lock_sha256")), good.get("lock_sha256", "")[:12]))
-    restore = dict(good["service"])
+    restore, reason = restore_model(good, wanted, kept)
+    if restore is None:
+        return None, reason
     restore["venv"] = venv
     return restore, None
 
@@ -232,12 +258,13 @@ def not_rolled_back(diagnosis, reason):
 
 
 def revision_note(good, wanted):
-    """Said when the restored deployment's model revision is not the one whose files are in place (they are not restored)."""
+    """Said when the restored deployment's model revision is not the one in the model directory (it runs from the copy
+    the model stage kept; rollback_plan refuses when there is none)."""
     have, had = (wanted or {}).get("model_revision") or "", good.get("model_revision") or ""
     if not wanted or have == had:
         return ""
-    return (" (note: the model files in place are revision %s, not the restored deployment's revision %s: a rollback does "
-            "not restore model files)" % (have or "?", had or "?"))
+    model_dir = good.get("service", {}).get("model_dir") or "?"
+    return (" (model revision %s from the copy kept under %s; %s holds revision %s)" % (had or "?", os.path.join(model_dir, KEPT_DIR), model_dir, have or "?"))
 
 
 def rolled_back(diagnosis, good, restored_gate, failed_at, now=None, wanted=None):

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import model_revisions as mr
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 
 
@@ -24,6 +25,9 @@ def _check_local(local_dir, entries, markers, verify, result, full=False):
     """Statuses of all entries; hashes the unverified ones locally (no network) and updates markers."""
     statuses = {}
     for e in entries:
+        if e["path"] in result.get("_assume", ()):  # check mode: a kept file the real run links back
+            statuses[e["path"]] = {"state": "complete", "have": e["size"], "verified": True}
+            continue
         st = hf.file_status(local_dir, e, markers, verify=verify, full=full)
         if st["state"] == "unverified":
             final = os.path.join(local_dir, hf.safe_relpath(e["path"]))
@@ -103,6 +107,9 @@ def run(module, p, token, local_dir, progress_file):
               "_mismatch": [], "_markers_changed": False}
     markers = hf.load_markers(local_dir)
     commit = revision if pinned else None
+    restored = mr.restore_kept(local_dir, commit, markers, module.check_mode)
+    if restored:  # the revision asked for again was kept (a rollback's): its files come back as links, nothing downloaded
+        result.update(changed=True, restored_from_kept=restored, _assume=set(restored) if module.check_mode else set())
     client = None
     entries, statuses = _offline(local_dir, repo_id, commit, p, markers, verify, result) if pinned else (None, None)
     if entries is None:
@@ -150,23 +157,46 @@ def _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, mar
                   files_complete=pl["files"] - len(pl["todo"]))
     if result["_mismatch"]:
         module.warn("checksum mismatch, downloading again: %s" % ", ".join(sorted(result["_mismatch"])))
+    free = hf.free_bytes(local_dir) if pl["todo"] else None
+    prev = _previous(module, p, repo_id, commit, local_dir, markers, pl, free, result)
     if pl["todo"]:
-        free = hf.free_bytes(local_dir)
         result["free_bytes"] = free
-        msg = hf.preflight(pl["bytes_needed"], free, p["min_free_bytes_margin"])
+        msg = hf.preflight(pl["bytes_needed"], free + (prev["reclaim"] if prev["action"] == "remove" else 0), p["min_free_bytes_margin"])
         if msg:
-            fail(msg, phase="model_no_space", needed_bytes=pl["bytes_needed"], free_bytes=free, margin_bytes=p["min_free_bytes_margin"],
-                 files=pl["files"], bytes_total=pl["bytes_total"], downloaded=[])
+            fail(msg + (" (%s)" % prev["message"] if prev["action"] == "no_space" else ""), phase="model_no_space", needed_bytes=pl["bytes_needed"],
+                 free_bytes=free, margin_bytes=p["min_free_bytes_margin"], files=pl["files"], bytes_total=pl["bytes_total"], downloaded=[])
         _access_check(client, repo_id, commit, pl["todo"][0], fail)
         result["changed"] = True
         result["downloaded"] = [e["path"] for e in pl["todo"]]
         result["resumed"] = [e["path"] for e in pl["todo"] if statuses[e["path"]]["state"] == "partial"]
-        if not module.check_mode:
+    if not module.check_mode:
+        _act_on_previous(p, repo_id, local_dir, markers, pl, prev, result)
+        if pl["todo"]:
             _download(module, client, repo_id, commit, local_dir, pl, statuses, markers, progress_file, result, fail)
     if result["_markers_changed"] and not module.check_mode:
         hf.save_markers(local_dir, markers)
     result["verified"] = _count_verified(local_dir, entries, markers)
     module.exit_json(**dict((k, v) for k, v in result.items() if not k.startswith("_")))
+
+
+def _previous(module, p, repo_id, commit, local_dir, markers, pl, free, result):
+    """What happens to the previous revision (O(keep_revision)): the plan, reported in RV(previous_revision)."""
+    prev = mr.plan(local_dir, repo_id, p.get("keep_revision"), commit, p, markers, pl["todo"], pl["bytes_needed"], free)
+    result["previous_revision"] = dict((k, v) for k, v in prev.items() if not k.startswith("_"))
+    if prev["action"] in ("keep", "remove"):
+        result["changed"] = True  # a kept copy is made, or files are removed
+    if prev["action"] in ("remove", "missing"):
+        module.warn(prev["message"])
+    return prev
+
+
+def _act_on_previous(p, repo_id, local_dir, markers, pl, prev, result):
+    """Keep the previous revision (hard links) or remove its files the download replaces, before the download."""
+    if prev["action"] == "keep":
+        result["previous_revision"]["dropped"] = mr.keep(local_dir, repo_id, p.get("keep_revision"), prev["previous"], prev["_entries"], markers)
+        result["previous_revision"]["path"] = mr.kept_path(local_dir, prev["previous"])
+    elif prev["action"] == "remove":
+        mr.remove(local_dir, prev["_entries"], [e["path"] for e in pl["todo"]], markers)
 
 
 def _access_check(client, repo_id, commit, entry, fail):

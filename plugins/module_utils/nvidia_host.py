@@ -255,8 +255,9 @@ class Driver(object):
             self.verify(facts)
         kernels = self.every_kernel()
         loaded = self.loaded()
-        self.m.exit_json(changed=self.changed, action=action, reason=reason, kernel_release=kernel,
-                         host_version=loaded and loaded["version"], nvml=facts, steps=self.log, diff=self.diff,
+        # would_change: check mode's changed, kept where a role's read-only probe reports changed=false (changed_when)
+        self.m.exit_json(changed=self.changed, would_change=bool(self.m.check_mode and self.changed), action=action, reason=reason,
+                         kernel_release=kernel, host_version=loaded and loaded["version"], nvml=facts, steps=self.log, diff=self.diff,
                          kernels=kernels.report, next_boot_kernel=getattr(kernels, "next_boot", None))
 
     def every_kernel(self):

@@ -127,6 +127,19 @@ options:
         some network filesystems silently grant it to everyone).
     type: int
     default: 14400
+  keep_revision:
+    description:
+      - "The model revision of the last deployment that passed the gate (the role reads it from the deployment record of
+        M(kpro.gpu_serving.sglang_deployment)); V(\"\") = none. When it differs from the downloaded O(revision), its files
+        are kept for a rollback: hard-linked into C(<local_dir>/.cache/kpro-revisions/<commit>/) before the download
+        (no bytes copied; the download then replaces the paths in O(local_dir)), when the bytes still to download plus
+        O(min_free_bytes_margin) fit in the free space (room for both). When they fit only without it, the previous
+        revision's files that the download replaces are removed first, with a warning that a rollback to it must
+        download it again. One previous revision is kept; an older kept one is removed when another is kept."
+      - A commit sha names the revision; a branch or tag means the commit O(local_dir) holds now (its listing cached
+        and every file verified). RV(previous_revision) says which and what was done (in check mode, what would be).
+    type: str
+    default: ""
   job:
     description:
       - "Watch mode. The C(results_file) of an C(async) run of this module (C(poll=0)); nothing is downloaded. Returns
@@ -250,6 +263,26 @@ progress_file:
   description: The progress JSON file.
   returned: always
   type: str
+previous_revision:
+  description:
+    - "What happens to the revision of O(keep_revision): C(action) (C(none): nothing to keep; C(kept): kept already;
+      C(keep): kept now; C(remove): not enough disk for both, its replaced files removed before the download;
+      C(missing): its files are not here; C(no_space): the download does not fit even without it), C(previous) (its
+      commit), C(message) (one line for the operator), C(reclaim) (bytes of its files the download replaces), C(path)
+      and C(dropped) (the kept directory and the older kept revisions removed, after a keep)."
+  returned: always (except in watch mode while the download runs)
+  type: dict
+  sample: {action: keep, previous: 0123456789abcdef0123456789abcdef01234567, reclaim: 1073741824,
+           message: "previous model revision 0123... is kept beside 89ab... (...): a rollback can use it"}
+restored_from_kept:
+  description:
+    - Repository paths brought back from the kept copy of O(revision) (C(<local_dir>/.cache/kpro-revisions/<commit>/),
+      a revision kept for a rollback and asked for again), as hard links, instead of being downloaded (in check mode,
+      that would be). Only for a commit sha in O(revision); a kept file changed since it was kept is checked and
+      downloaded as usual.
+  returned: when a kept copy was used
+  type: list
+  elements: str
 finished:
   description: In watch mode (O(job)), false while the background download still runs.
   returned: in watch mode
@@ -291,6 +324,7 @@ def main():
             retries=dict(type="int", default=3),
             progress_file=dict(type="path"),
             lock_timeout=dict(type="int", default=14400),
+            keep_revision=dict(type="str", default=""),
             job=dict(type="path"),
         ),
         mutually_exclusive=[("token", "token_file")],

@@ -199,6 +199,13 @@ kernels:
   elements: dict
   sample: [{"kernel": "6.8.12-10-pve", "running": false, "next_boot": true, "headers": true,
             "headers_package": "proxmox-headers-6.8.12-10-pve", "dkms": "installed", "action": "build"}]
+would_change:
+  description:
+    - In check mode, whether a run would change anything (the same as C(changed)); false after a run. A role's read-only probe
+      (C(check_mode=true) with C(changed_when=false)) reads it to decide whether the install runs at all.
+  returned: host mode
+  type: bool
+  sample: false
 next_boot_kernel:
   description: The kernel the next boot starts (the next-boot pin, else the pin, else the newest).
   returned: host mode

@@ -19,8 +19,9 @@ description:
     is the one that failed its gate and was rolled back, unless O(retry).
   - O(state=recorded), after a passing gate, makes the wanted deployment the good one.
   - O(state=failed), after a failed gate, returns in RV(restore) the sglang_service arguments of the good deployment
-    (its venv, or the copy sglang_install kept under O(venvs_dir)); it writes nothing, and it fails with the gate's
-    diagnosis when there is nothing to roll back to.
+    (its venv, or the copy sglang_install kept under O(venvs_dir); its model revision, from the copy the model stage
+    kept when it differs from O(model_revision)); it writes nothing, and it fails with the gate's diagnosis when there is
+    nothing to roll back to (no good deployment, its venv or its model revision not kept).
   - O(state=rolled_back), after the restored server's gate, always fails, with the new deployment's diagnosis and
     C(rolled back to <what>, serving again), or with C(phase=rollback_failed) when the restored one failed too. Only
     when the restored one passed its gate is the failure of O(deployment) recorded (for O(state=checked) to fail fast).
@@ -46,7 +47,12 @@ options:
       - Required unless O(state=rolled_back).
     type: dict
   model_revision:
-    description: The model revision the model stage pins (recorded and compared; the model files are not restored).
+    description:
+      - The model revision the model stage pins (recorded and compared).
+      - "With O(state=failed), when the good deployment's revision differs from it, RV(restore) runs the good one from
+        the copy the model stage kept under C(<model_dir>/.cache/kpro-revisions/) (its C(model_dir) and every SGLang
+        option that named the model directory); when no copy was kept (the disk had no room for both), nothing is
+        restored and the step fails with the gate's diagnosis, naming the missing revision and what to do."
     type: str
     default: ""
   venvs_dir:

@@ -245,6 +245,14 @@ removed_dynamic_ids:
   returned: always
   type: list
   elements: str
+would_change:
+  description:
+    - In check mode, whether a run would change anything (the same as C(changed)); false after a run. The gpu_host role's
+      read-only check before any change (C(check_mode=true), C(changed_when=false)) reads it to skip the release itself
+      when there is nothing to release and no reboot is required.
+  returned: success
+  type: bool
+  sample: false
 unbound:
   description: Functions taken off vfio-pci (would be, in check mode).
   returned: always
@@ -388,6 +396,8 @@ def main():
         result["diff"] = diffs
     for w in warnings:
         module.warn(w)
+    # check mode's changed, kept where a role's read-only probe reports changed=false (changed_when)
+    result["would_change"] = bool(module.check_mode and result["changed"])
     module.exit_json(**result)
 
 

@@ -107,7 +107,8 @@ def test_the_lab_inventory_is_one_batch_as_before():
                          capture_output=True, text=True, timeout=120, cwd=TOP, check=False,
                          env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"))).stdout
     plays = re.findall(r"play #\d+ \(([^)]*)\): ([^\t]*)", out)
-    assert [h for h, _n in plays] == ["proxmox_hosts", "gpu_containers", "proxmox_hosts:gpu_containers", "kpro_rollout"]
+    # one preflight play over the hosts and the containers (strategy free), the rollout's plan, the rollout
+    assert [h for h, _n in plays] == ["proxmox_hosts:gpu_containers", "proxmox_hosts:gpu_containers", "kpro_rollout"]
     for tag in ("gpu_host", "lxc_gpu", "container", "gpu_container", "sglang_install", "model", "serve", "sglang_server"):
         assert "%s]" % tag in out or "%s," % tag in out, tag
 

@@ -139,7 +139,38 @@ def test_the_failure_is_recorded_only_when_the_restored_one_serves():
     assert dp.record_after_rollback(older, None, {}, good, {"phase": "ready"}, 1.0) == older
 
 
-def test_the_message_says_when_the_model_revision_in_place_is_not_the_restored_ones():
+def test_the_message_says_the_restored_revision_runs_from_its_kept_copy():
     assert dp.revision_note(dep(revision="main"), dep(revision="main")) == "" and dp.revision_note(dep(), None) == ""
     f = dp.rolled_back({"phase": "oom", "msg": "oom: x"}, dep(revision="r1"), {"phase": "ready"}, 0.0, now=1.0, wanted=dep(revision="r2"))
-    assert "the model files in place are revision r2, not the restored deployment's revision r1" in f.msg
+    assert "model revision r1 from the copy kept under" in f.msg and "holds revision r2" in f.msg
+
+
+def test_a_kept_model_revision_is_restored_and_a_missing_one_is_not_started(tmp_path):
+    venv = make_venv(tmp_path / "venv", OLD)
+    good, wanted = dep(venv=venv, revision="r1"), dep(venv=venv, revision="r2", context_length=1)
+    good["service"]["model_dir"] = wanted["service"]["model_dir"] = "/srv/models/m"
+    # not kept: nothing is started on the other revision's files, and the reason says which revision and what to do
+    restore, reason = dp.rollback_plan({"good": good}, wanted, None, kept=lambda d, rev: None)
+    assert restore is None and "revision r1 are not kept" in reason and "model_revision: r1" in reason and "free disk space" in reason
+    f = dp.not_rolled_back({"phase": "wrong_answer", "msg": "wrong_answer: x"}, reason)
+    assert "not rolled back: the model files of revision r1" in f.msg
+    # kept: the restored server runs from the kept copy (model_dir and the options that named the model directory)
+    restore, reason = dp.rollback_plan({"good": good}, wanted, None, kept=lambda d, rev: "%s/.cache/kpro-revisions/%s" % (d, rev))
+    assert reason is None and restore["model_dir"] == restore["options"]["model_path"] == "/srv/models/m/.cache/kpro-revisions/r1"
+    assert restore["options"]["tp_size"] == 2 and good["service"]["model_dir"] == "/srv/models/m"   # the record is not changed
+    # the same revision: the model directory as it is, no lookup
+    same = dep(venv=venv, revision="r2")
+    same["service"]["model_dir"] = "/srv/models/m"
+    restore, reason = dp.rollback_plan({"good": same}, wanted, None, kept=lambda d, rev: 1 / 0)
+    assert restore["model_dir"] == "/srv/models/m"
+
+
+def test_the_kept_copy_is_found_where_the_model_stage_keeps_it(tmp_path):
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf, model_revisions as mr
+    model = str(tmp_path / "m")
+    commit = "c" * 40
+    hf.save_json(os.path.join(mr.kept_path(model, commit), mr.KEPT_FILE), {"commit": commit, "revision": "v1"})
+    good, wanted = dep(revision=commit), dep(revision="d" * 40)
+    good["service"]["model_dir"] = model
+    assert dp.rollback_plan({"good": good}, wanted, None, identity=lambda v: {"lock_sha256": OLD})[0]["model_dir"] == mr.kept_path(model, commit)
+    assert mr.find_kept(model, "v1") == mr.kept_path(model, commit) and mr.find_kept(model, "v2") is None

@@ -94,3 +94,29 @@ def test_units_written_are_returned_as_a_diff_in_check_mode_too(tmp_path):
     again.systemctl = lambda: "/bin/systemctl"
     again.ensure_unit("nvidia-device-nodes.service", "[Unit]\nDescription=new\n")
     assert again.diff == []
+
+
+@pytest.mark.parametrize("check_mode,unit_changes,would_change", [
+    (True, True, True),     # check mode: would_change is changed (the role's probe reads it: its own changed is false)
+    (True, False, False),   # converged: nothing to do, the role skips the install
+    (False, True, False),   # after a real run there is nothing left to change
+])
+def test_host_returns_would_change(monkeypatch, check_mode, unit_changes, would_change):
+    m = FakeModule()
+    m.check_mode = check_mode
+    out = {}
+    m.exit_json = lambda **kw: out.update(kw)
+    d = nh.Driver(m)
+    monkeypatch.setattr(nh.ni, "plan_host", lambda *a: ("none", "installed"))
+    monkeypatch.setattr(nh.ni, "secure_boot_enabled", lambda efivars: False)
+    for name, fn in dict(checked_version=lambda: "580.126.09", kernel_release=lambda: "6.8.12-9-pve",
+                         loaded=lambda: {"version": "580.126.09"}, dkms_entries=lambda: [], nvml=lambda: {},
+                         verify=lambda facts: None,
+                         every_kernel=lambda: type("K", (), {"report": [], "next_boot": None})()).items():
+        monkeypatch.setattr(d, name, fn)
+
+    def ensure_unit(name, content):
+        d.changed = d.changed or unit_changes
+    monkeypatch.setattr(d, "ensure_unit", ensure_unit)
+    d.host()
+    assert out["would_change"] is would_change and out["changed"] is unit_changes and out["action"] == "none"

@@ -9,6 +9,8 @@ import os
 import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import model_revisions as mr
 from ansible_collections.kpro.gpu_serving.plugins.modules import sglang_deployment
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
 
@@ -85,23 +87,38 @@ def test_nothing_to_roll_back_to_fails_with_the_gates_diagnosis(host):
 
 def test_a_failed_rollback_records_no_failure_and_forgets_an_older_one(host):
     tmp, v = host
-    call(tmp, state="recorded", service=service(v), model_revision="r1")
+    svc = dict(service(v), model_dir=str(tmp / "model"))
+    call(tmp, state="recorded", service=svc, model_revision="r1")
     venvs = str(tmp / "venvs")
     venv(str(tmp / "venvs" / OLD[:16]), OLD)
     venv(v, NEW)
-    res = call(tmp, state="failed", service=service(v), diagnosis=DIAG, venvs_dir=venvs, model_revision="r1")
+    res = call(tmp, state="failed", service=svc, diagnosis=DIAG, venvs_dir=venvs, model_revision="r1")
     call(tmp, state="rolled_back", diagnosis=DIAG, good=res["good"], failed_at=res["failed_at"], restored_gate={"phase": "ready"},
          deployment=res["deployment"])
-    assert call(tmp, state="checked", service=service(v), model_revision="r1")["failed"]   # recorded: fails fast
-    # the same change again (retried) fails its gate, and this time the restored deployment fails too
-    res = call(tmp, state="failed", service=service(v), diagnosis=DIAG, venvs_dir=venvs, model_revision="r2")
+    assert call(tmp, state="checked", service=svc, model_revision="r1")["failed"]   # recorded: fails fast
+    # a change of the model revision too (r1 kept by the model stage) fails its gate, and the restored deployment fails too
+    kept = mr.kept_path(svc["model_dir"], "c" * 40)
+    hf.save_json(os.path.join(kept, mr.KEPT_FILE), {"commit": "c" * 40, "revision": "r1"})
+    res = call(tmp, state="failed", service=svc, diagnosis=DIAG, venvs_dir=venvs, model_revision="r2")
+    assert res["restore"]["model_dir"] == kept
     bad = {"failed": True, "phase": "oom", "msg": "oom: no", "evidence": []}
     done = call(tmp, state="rolled_back", diagnosis=DIAG, good=res["good"], failed_at=res["failed_at"], restored_gate=bad,
                 deployment=res["deployment"])
-    assert done["phase"] == "rollback_failed" and "model files in place are revision r2, not the restored deployment's revision r1" in done["msg"]
+    assert done["phase"] == "rollback_failed" and "model revision r1 from the copy kept under" in done["msg"]
     assert "failed" not in dp.load(dp.record_path(str(tmp / "state"), "sglang.service"))
-    fast = call(tmp, state="checked", service=service(v), model_revision="r1")
+    fast = call(tmp, state="checked", service=svc, model_revision="r1")
     assert fast.get("failed") is not True
+
+
+def test_a_model_revision_that_was_not_kept_is_not_rolled_back_to(host):
+    tmp, v = host
+    svc = dict(service(v), model_dir=str(tmp / "model"))
+    call(tmp, state="recorded", service=svc, model_revision="r1")
+    before = dp.load(dp.record_path(str(tmp / "state"), "sglang.service"))
+    res = call(tmp, state="failed", service=svc, diagnosis=DIAG, venvs_dir=str(tmp / "venvs"), model_revision="r2")
+    assert res["failed"] and res["phase"] == "degenerate_output" and res["rolled_back"] is False and "restore" not in res
+    assert "not rolled back: the model files of revision r1 are not kept on this host" in res["msg"]
+    assert "model_revision: r1" in res["msg"] and dp.load(dp.record_path(str(tmp / "state"), "sglang.service")) == before
 
 
 def test_a_multi_node_server_is_not_rolled_back(host):

@@ -322,7 +322,7 @@ def test_refuses_while_a_vm_runs_and_changes_nothing(host, how):
 def test_check_mode_changes_nothing_and_tells_the_truth(host):
     before = tree_hash(host.root)
     r = run(host.args, check_mode=True, diff=True)
-    assert r["changed"] is True
+    assert r["changed"] is True and r["would_change"] is True
     assert tree_hash(host.root) == before and host.kernel.writes == [] and commands(host) == []
     assert sorted(os.path.relpath(f["path"], host.etc) for f in r["files"]) == \
         ["default/grub", "modprobe.d/blacklist.conf", "modprobe.d/vfio.conf"]
@@ -332,9 +332,9 @@ def test_check_mode_changes_nothing_and_tells_the_truth(host):
     grub = diff[os.path.join(host.etc, "default", "grub")]
     assert grub["after"] == open(os.path.join(BOOTFIX, "grub.default.expected")).read()
     # after a real run, check mode reports nothing to do
-    run(host.args)
+    assert run(host.args)["would_change"] is False  # a run: nothing left to change
     r = run(host.args, check_mode=True, diff=True)
-    assert r["changed"] is False and "diff" not in r
+    assert r["changed"] is False and "diff" not in r and r["would_change"] is False
 
 
 def test_detach_stopped_vms_with_backup(host):
