@@ -7,8 +7,8 @@
   ``proxmox-default-headers``, with the dependency chain of the real meta packages (default-headers ->
   headers-6.8 -> the newest headers-6.8.x-y-pve). A header package ships what the real one does for the
   build (``/usr/src/linux-headers-<release>`` with ``scripts/sign-file``, and the ``/lib/modules/<release>/build``
-  link); its postinst records the release in the lab state (the installer and dkms stand-ins read it) and runs
-  ``/etc/kernel/header_postinst.d`` (dkms's hook: autoinstall for that kernel).
+  link); its postinst records the release in the lab state (the installer and dkms stand-ins read it) and
+  nothing else: Proxmox's headers postinst runs no hook (see the comment above KERNEL_POSTINST).
   The kernels: ``proxmox-kernel-<release>`` for each release of ``kernel.published`` (default: the installed
   ones), with the meta chain ``proxmox-default-kernel`` -> ``proxmox-kernel-6.8`` -> the newest release
   (pve-kernel-meta's debian/control). A kernel package ships ``/boot/vmlinuz-<rel>``, ``System.map``,
@@ -43,23 +43,20 @@ PY
 """
 
 
-# NOT run (yet): pve-kernel's debian/rules gives proxmox-headers-<rel> a postinst (debian/proxmox-headers.postinst.in)
-# which, like Debian's linux-headers postinst, most likely runs /etc/kernel/header_postinst.d (dkms's hook: autoinstall
-# for that kernel). Enabled, installing a kernel's headers rebuilds the NVIDIA module for it at once, and
-# tests/lab_tests/test_gpu_host_stage.py's kernel-upgrade run would see "load" where it asserts the collection's own
-# "rebuild_module". The kernel package's postinst.d/dkms hook (below) does run: with headers unpacked first
-# (apt full-upgrade with headers available), it builds the module for the new kernel.
-HEADERS_HOOKS = """
-if [ -d /etc/kernel/header_postinst.d ]; then
-    DEB_MAINT_PARAMS="$*" run-parts --report --exit-on-error --arg=%(rel)s /etc/kernel/header_postinst.d
-fi
-"""
-RUN_HEADER_HOOKS = False
+# The headers package's postinst runs NO hook. pve-kernel (branch bookworm-6.8, the 6.8 kernels of PVE 8)
+# debian/rules:112 makes proxmox-headers-<rel>'s postinst from debian/proxmox-headers.postinst.in, whose every case
+# (lines 6-58) is ":" (unchanged since 2018). Debian's linux-headers postinst runs /etc/kernel/header_postinst.d;
+# Proxmox's does not, so dkms's /etc/kernel/header_postinst.d/dkms (dkms v3.0.10 Makefile:61-63, install-debian: the
+# same script as /etc/kernel/postinst.d/dkms, Makefile:52; kernel_postinst.d_dkms:37-38 execs
+# `dkms_autoinstaller start <rel>`) never runs on a PVE host. Installing a kernel's headers after the kernel builds
+# nothing: the module comes from the kernel postinst's postinst.d/dkms (headers unpacked first, as apt full-upgrade
+# with headers available does), from `dkms autoinstall -k <rel>` / `dkms install`, or from the gpu_host stage.
 
-# The kernel image package's postinst (pve-kernel debian/pve-kernel.postinst.in, installed as proxmox-kernel-<rel>'s
-# postinst by debian/rules): nothing in the installer's mode, depmod, "Examining /etc/kernel/postinst.d.", then the
-# postinst.d hooks with the release and the image path (run-parts --verbose --exit-on-error) (initramfs-tools builds the
-# initrd, dkms autoinstalls for that kernel when its headers are there, zz-proxmox-boot copies it to the ESPs).
+# The kernel image package's postinst (pve-kernel bookworm-6.8 debian/proxmox-kernel.postinst.in:7-23, installed as
+# proxmox-kernel-<rel>'s postinst by debian/rules:111, and as the signed kernel's by :130): nothing in the installer's
+# mode, depmod, "Examining /etc/kernel/postinst.d.", then the postinst.d hooks with the release and the image path
+# (run-parts --verbose --exit-on-error) (initramfs-tools builds the initrd, dkms autoinstalls for that kernel when
+# its headers are there, zz-proxmox-boot copies it to the ESPs).
 # KPGS_LAB_SEED: the stock host's own kernels are registered with dpkg at the lab's first boot; their hooks ran
 # when the host was installed (the seed holds their results), so they do not run again.
 KERNEL_POSTINST = """#!/bin/sh
@@ -150,7 +147,7 @@ def header_files(rel):
 def _headers(workdir, outdir, rel):
     src = "/usr/src/linux-headers-%s" % rel
     _deb(workdir, outdir, "proxmox-headers-" + rel, rel.rsplit("-", 1)[0], files=header_files(rel),
-         links={"/lib/modules/%s/build" % rel: src}, postinst=(POSTINST + (HEADERS_HOOKS if RUN_HEADER_HOOKS else "")) % {"rel": rel},
+         links={"/lib/modules/%s/build" % rel: src}, postinst=POSTINST % {"rel": rel},
          modes={src + "/scripts/sign-file": 0o755})
 
 

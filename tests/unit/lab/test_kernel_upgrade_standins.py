@@ -35,6 +35,10 @@ def test_kernel_packages_with_the_meta_chain(tmp_path):
     hdr = subprocess.run(["dpkg-deb", "-c", str(repo / ("proxmox-headers-%s.deb" % RELEASE))], check=True,
                          capture_output=True, text=True).stdout
     assert "-rwxr-xr-x root/root" in [ln for ln in hdr.splitlines() if ln.endswith("scripts/sign-file")][0]
+    # Proxmox's headers postinst (pve-kernel debian/proxmox-headers.postinst.in) runs no /etc/kernel hook
+    hdr_postinst = subprocess.run(["dpkg-deb", "-I", str(repo / ("proxmox-headers-%s.deb" % RELEASE)), "postinst"],
+                                  check=True, capture_output=True, text=True).stdout
+    assert "/etc/kernel" not in hdr_postinst and "run-parts" not in hdr_postinst
 
 
 def write(root, rel, text):
