@@ -60,7 +60,7 @@ lab-down: setup
 	$(BIN)/python tests/lab/labctl.py down
 
 lab-test: setup
-	$(BIN)/python -m pytest -q tests/lab_tests
+	$(BIN)/python -m pytest -q tests/lab_tests --durations=15
 
 molecule: setup
 	tests/tools/molecule.sh
