@@ -109,10 +109,11 @@ def test_host_returns_would_change(monkeypatch, check_mode, unit_changes, would_
     d = nh.Driver(m)
     monkeypatch.setattr(nh.ni, "plan_host", lambda *a: ("none", "installed"))
     monkeypatch.setattr(nh.ni, "secure_boot_enabled", lambda efivars: False)
+    kernels = type("K", (), {"report": [], "next_boot": None})()
     for name, fn in dict(checked_version=lambda: "580.126.09", kernel_release=lambda: "6.8.12-9-pve",
                          loaded=lambda: {"version": "580.126.09"}, dkms_entries=lambda: [], nvml=lambda: {},
                          verify=lambda facts: None,
-                         every_kernel=lambda: type("K", (), {"report": [], "next_boot": None})()).items():
+                         every_kernel=lambda: kernels).items():
         monkeypatch.setattr(d, name, fn)
 
     def ensure_unit(name, content):
