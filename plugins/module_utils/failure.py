@@ -63,6 +63,7 @@ HOST_PHASES = (
     ("model_locked", "another download into the same directory is still running"),
     ("model_unavailable", "the model repository, revision or files cannot be found or read on the hub"),
     ("model_no_space", "the disk has too little free space for the model"),
+    ("model_keep_failed", "the previous model revision could not be hard-linked (kept or restored)"),
     ("download_failed", "some model files failed to download (a re-run resumes them)"),
     ("download_died", "the background download ended without a result"),
     ("boot_kernel_headers_missing", "a kernel that can boot has no headers and they cannot be installed: DKMS cannot build for it"),

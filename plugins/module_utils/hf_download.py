@@ -107,6 +107,7 @@ def run(module, p, token, local_dir, progress_file):
               "_mismatch": [], "_markers_changed": False}
     markers = hf.load_markers(local_dir)
     commit = revision if pinned else None
+    result["_prev"] = _keep_before_restore(module, p, repo_id, commit, local_dir, markers, result)
     restored = mr.restore_kept(local_dir, commit, markers, module.check_mode)
     if restored:  # the revision asked for again was kept (a rollback's): its files come back as links, nothing downloaded
         result.update(changed=True, restored_from_kept=restored, _assume=set(restored) if module.check_mode else set())
@@ -181,7 +182,7 @@ def _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, mar
 
 def _previous(module, p, repo_id, commit, local_dir, markers, pl, free, result):
     """What happens to the previous revision (O(keep_revision)): the plan, reported in RV(previous_revision)."""
-    prev = mr.plan(local_dir, repo_id, p.get("keep_revision"), commit, p, markers, pl["todo"], pl["bytes_needed"], free)
+    prev = result.get("_prev") or mr.plan(local_dir, repo_id, p.get("keep_revision"), commit, p, markers, pl["todo"], pl["bytes_needed"], free)
     result["previous_revision"] = dict((k, v) for k, v in prev.items() if not k.startswith("_"))
     if prev["action"] in ("keep", "remove"):
         result["changed"] = True  # a kept copy is made, or files are removed
@@ -190,9 +191,23 @@ def _previous(module, p, repo_id, commit, local_dir, markers, pl, free, result):
     return prev
 
 
+def _keep_before_restore(module, p, repo_id, commit, local_dir, markers, result):
+    """A kept revision restored over the model directory replaces the previous revision's files: keep that one first
+    (hard links, no disk needed), the restored one too. The plan then stands for the whole run (check mode alike)."""
+    if not p.get("keep_revision") or not mr.restore_kept(local_dir, commit, markers, check_mode=True):
+        return None
+    prev = mr.plan(local_dir, repo_id, p.get("keep_revision"), commit, p, markers, [], 0, None)
+    if prev["action"] != "keep":
+        return None
+    if not module.check_mode:
+        dropped = mr.keep(local_dir, repo_id, p.get("keep_revision"), prev["previous"], prev["_entries"], markers, exclude=(commit,))
+        prev.update(_done=True, dropped=dropped, path=mr.kept_path(local_dir, prev["previous"]))
+    return prev
+
+
 def _act_on_previous(p, repo_id, local_dir, markers, pl, prev, result):
     """Keep the previous revision (hard links) or remove its files the download replaces, before the download."""
-    if prev["action"] == "keep":
+    if prev["action"] == "keep" and not prev.get("_done"):
         result["previous_revision"]["dropped"] = mr.keep(local_dir, repo_id, p.get("keep_revision"), prev["previous"], prev["_entries"], markers)
         result["previous_revision"]["path"] = mr.kept_path(local_dir, prev["previous"])
     elif prev["action"] == "remove":

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import load_json
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.hf import (
     load_tree_cache, make_marker, marker_valid, safe_relpath, save_json, save_markers, select_entries, state_path)
@@ -42,7 +43,37 @@ def kept_path(local_dir, commit):
 def load_kept(local_dir, commit):
     """The kept revision's record ({repo_id, revision, commit, files, bytes}) when it is complete, else None."""
     data = load_json(os.path.join(kept_path(local_dir, commit), KEPT_FILE))
-    return data if isinstance(data, dict) and data.get("commit") == commit else None
+    if not isinstance(data, dict) or data.get("commit") != commit:
+        return None
+    for path, m in (data.get("markers") or {}).items():  # every recorded file still there, at its size
+        try:
+            if os.stat(os.path.join(kept_path(local_dir, commit), safe_relpath(path))).st_size != m.get("size"):
+                return None
+        except (OSError, ValueError):
+            return None
+    return data
+
+
+def drop_kept(local_dir, commits):
+    """Drop kept revisions, the record first: an interrupted drop leaves no record naming missing files."""
+    for c in commits:
+        try:
+            os.unlink(os.path.join(kept_path(local_dir, c), KEPT_FILE))
+        except OSError:
+            pass
+        shutil.rmtree(kept_path(local_dir, c), ignore_errors=True)
+    return list(commits)
+
+
+def _link(src, dst, cleanup=None):
+    """os.link, a refused link (EXDEV, EPERM, EMLINK) a named failure; ``cleanup``: the partial kept directory."""
+    try:
+        os.link(src, dst)
+    except OSError as e:
+        if cleanup:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        raise Failure("model_keep_failed", "cannot hard-link %s to %s: %s" % (src, dst, e.strerror or e),
+                      remedy="set model_keep_previous_revision: false or put model_dir on a filesystem with hard links")
 
 
 def kept_commits(local_dir):
@@ -106,10 +137,23 @@ def previous_entries(local_dir, repo_id, keep_revision, commit, p, markers):
     return None, None
 
 
-def reclaimable(entries, todo_paths):
-    """Bytes of the previous revision's files at the paths the download replaces."""
-    todo = set(todo_paths)
-    return sum(e["size"] for e in entries if e["path"] in todo)
+def reclaimable(local_dir, entries, todo_paths, others=()):
+    """Bytes freed by dropping the kept revisions ``others`` and unlinking the previous revision's files at the paths
+    the download replaces: an inode counts only when every link to it is among those."""
+    todo, links = set(todo_paths), []
+    for c in others:
+        for root, _dirs, files in os.walk(kept_path(local_dir, c)):
+            links += [os.path.join(root, n) for n in files]
+    links += [os.path.join(local_dir, safe_relpath(e["path"])) for e in entries if e["path"] in todo]
+    inodes = {}
+    for path in links:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino)
+        inodes[key] = (st.st_size, st.st_nlink, inodes.get(key, (0, 0, 0))[2] + 1)
+    return sum(size for size, nlink, n in inodes.values() if n >= nlink)
 
 
 def decide(prev, commit, needed, free, margin, reclaim):
@@ -142,15 +186,16 @@ def plan(local_dir, repo_id, keep_revision, commit, p, markers, todo, needed, fr
         return {"action": "missing", "previous": prev, "reclaim": 0,
                 "message": ("previous model revision %s is not in %s (nor kept): a rollback to it must download it again "
                             "(set model_revision: %s)" % (prev, local_dir, prev))}
-    reclaim = reclaimable(entries, [e["path"] for e in todo])
+    reclaim = reclaimable(local_dir, entries, [e["path"] for e in todo], [c for c in kept_commits(local_dir) if c != prev])
     margin = p.get("min_free_bytes_margin") or 0
     action, message = decide(prev, commit, needed, margin if free is None else free, margin, reclaim)
     return {"action": action, "previous": prev, "message": message, "reclaim": reclaim, "_entries": entries}
 
 
-def keep(local_dir, repo_id, revision, commit, entries, markers):
+def keep(local_dir, repo_id, revision, commit, entries, markers, exclude=()):
     """Hard-link ``entries`` into the kept directory of ``commit`` (the record last: an interrupted keep is not complete),
-    drop other kept revisions, and re-stamp the markers a link's ctime change voided. Returns the dropped commits."""
+    drop other kept revisions (not ``exclude``), and re-stamp the markers a link's ctime change voided. Returns the
+    dropped commits."""
     dest = kept_path(local_dir, commit)
     for e in entries:
         src = os.path.join(local_dir, safe_relpath(e["path"]))
@@ -159,21 +204,20 @@ def keep(local_dir, repo_id, revision, commit, entries, markers):
         if os.path.lexists(dst):
             os.unlink(dst)
         valid = marker_valid(markers.get(e["path"]), e, os.stat(src))
-        os.link(src, dst)
+        _link(src, dst, cleanup=dest)
         if valid:  # linking changes the inode's ctime, not its bytes
             markers[e["path"]] = make_marker(e, os.stat(src))
     save_markers(local_dir, markers)
     save_json(os.path.join(dest, KEPT_FILE), {"repo_id": repo_id, "revision": revision, "commit": commit,
                                               "files": len(entries), "bytes": sum(e["size"] for e in entries),
                                               "markers": dict((e["path"], markers[e["path"]]) for e in entries if e["path"] in markers)})
-    dropped = [c for c in kept_commits(local_dir) if c != commit]
-    for c in dropped:
-        shutil.rmtree(kept_path(local_dir, c), ignore_errors=True)
-    return dropped
+    return drop_kept(local_dir, [c for c in kept_commits(local_dir) if c != commit and c not in exclude])
 
 
 def remove(local_dir, entries, todo_paths, markers):
-    """Remove the previous revision's files at the paths the download replaces (their space is needed first)."""
+    """Remove the previous revision's files at the paths the download replaces, and the other kept revisions whose
+    links would hold those bytes (their space is needed first)."""
+    drop_kept(local_dir, kept_commits(local_dir))
     todo = set(todo_paths)
     for e in entries:
         if e["path"] in todo:
@@ -208,7 +252,7 @@ def restore_kept(local_dir, commit, markers, check_mode=False):
             tmp = dst + ".kpro-restore"
             if os.path.lexists(tmp):
                 os.unlink(tmp)
-            os.link(src, tmp)
+            _link(src, tmp)
             os.replace(tmp, dst)
             markers[path] = dict(m, ctime_ns=os.stat(dst).st_ctime_ns)
     if out and not check_mode:

@@ -63,6 +63,7 @@ PHASE_TESTS = {
     "model_locked": U + "test_hf.py::test_dir_lock_one_holder_named_and_released",
     "model_unavailable": M + "test_hf_model.py::test_phases_of_a_download",
     "model_no_space": M + "test_hf_model.py::test_phases_of_a_download",
+    "model_keep_failed": U + "test_model_revisions.py::test_a_refused_hard_link_is_a_named_failure_and_leaves_no_partial_kept_dir",
     "download_failed": M + "test_hf_model.py::test_phases_of_a_download",
     "download_died": M + "test_hf_model.py::test_watch_mode_result_running_and_died",
     "boot_kernel_headers_missing": U + "test_driver_kernels.py::test_phase_boot_kernel_headers_missing_names_kernel_and_package",

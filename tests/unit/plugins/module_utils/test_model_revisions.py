@@ -177,3 +177,50 @@ def test_a_kept_revision_asked_for_again_comes_back_without_a_download(model):
     os.utime(os.path.join(mr.kept_path(model, A), "config.json"), ns=(1, 1))
     write_rev(model, B, markers)
     assert mr.restore_kept(model, A, markers) == ["model.safetensors"]
+
+
+def test_a_kept_revision_restored_keeps_the_good_one_it_replaces_first(model, monkeypatch):
+    """B deployed (good), A kept, A asked for again: B is kept before A is restored, A stays kept; probe and run agree."""
+    markers = hf.load_markers(model)
+    mr.keep(model, REPO_ID, A, A, listing(A), markers)
+    write_rev(model, B, markers)
+
+    class Mod:
+        check_mode = True
+    p = dict(P, keep_revision=B)
+    probe = hd._keep_before_restore(Mod, p, REPO_ID, A, model, hf.load_markers(model), {})
+    Mod.check_mode = False
+    real = hd._keep_before_restore(Mod, p, REPO_ID, A, model, markers, {})
+    assert probe["action"] == real["action"] == "keep" and real["_done"]
+    assert mr.restore_kept(model, A, markers)
+    assert mr.kept_commits(model) == [A, B]
+    with open(os.path.join(mr.kept_path(model, B), "model.safetensors"), "rb") as f:
+        assert f.read() == b"B" * 120
+
+
+def test_reclaim_counts_only_bytes_nothing_else_links_after_dropping_older_kept(model):
+    markers = hf.load_markers(model)
+    mr.keep(model, REPO_ID, A, A, listing(A), markers)             # A's weights: a kept link beside the model's
+    todo = listing(A)[1:]
+    assert mr.reclaimable(model, listing(A), [e["path"] for e in todo]) == 0
+    record = os.path.getsize(os.path.join(mr.kept_path(model, A), mr.KEPT_FILE))  # config.json: the model's link stays
+    assert mr.reclaimable(model, listing(A), [e["path"] for e in todo], [A]) == 100 + record
+    mr.remove(model, listing(A), [e["path"] for e in todo], markers)
+    assert mr.kept_commits(model) == [] and not os.path.exists(mr.kept_path(model, A))
+
+
+def test_a_refused_hard_link_is_a_named_failure_and_leaves_no_partial_kept_dir(model, monkeypatch):
+    def refuse(src, dst):
+        raise OSError(18, "Invalid cross-device link")
+    monkeypatch.setattr(os, "link", refuse)
+    with pytest.raises(mr.Failure) as e:
+        mr.keep(model, REPO_ID, A, A, listing(A), hf.load_markers(model))
+    assert e.value.phase == "model_keep_failed" and "cross-device" in e.value.msg and "model_keep_previous_revision: false" in e.value.remedy
+    assert not os.path.exists(mr.kept_path(model, A))
+
+
+def test_a_kept_record_whose_files_are_gone_is_not_kept(model):
+    mr.keep(model, REPO_ID, A, A, listing(A), hf.load_markers(model))
+    assert mr.find_kept(model, A)
+    os.unlink(os.path.join(mr.kept_path(model, A), "model.safetensors"))
+    assert mr.find_kept(model, A) is None
