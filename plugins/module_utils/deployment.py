@@ -37,6 +37,10 @@ HASH_CHARS = 16
 NOT_RECORDED = ("api_key", "force_restart")
 
 
+# where sglang_deployment keeps its records (its state_dir's default), read by hf_model for the revision to keep
+STATE_DIR = "/var/lib/kpro-gpu-serving"
+
+
 def record_path(state_dir, unit):
     stem = unit[:-len(".service")] if unit.endswith(".service") else unit
     return os.path.join(state_dir, "%s-deployment.json" % stem)
@@ -45,6 +49,11 @@ def record_path(state_dir, unit):
 def load(path):
     data = load_json(path, default={})
     return data if isinstance(data, dict) else {}
+
+
+def good_model_revision(unit, state_dir=STATE_DIR):
+    """The model revision of ``unit``'s last deployment that passed the gate ("" when none is recorded)."""
+    return (load(record_path(state_dir, unit)).get("good") or {}).get("model_revision") or ""
 
 
 def render(record):

@@ -140,6 +140,14 @@ options:
         and every file verified). RV(previous_revision) says which and what was done (in check mode, what would be).
     type: str
     default: ""
+  deployment_unit:
+    description:
+      - "The SGLang unit (for example V(sglang.service)) whose deployment record (M(kpro.gpu_serving.sglang_deployment),
+        in its default C(state_dir)) names the last good model revision, used as O(keep_revision). Read here on the
+        target: the record also holds the server's environment, which is never handed to the controller.
+        V(\"\") = none."
+    type: str
+    default: ""
   job:
     description:
       - "Watch mode. The C(results_file) of an C(async) run of this module (C(poll=0)); nothing is downloaded. Returns
@@ -301,6 +309,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf_download as hd
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail as failure_fail
 
@@ -325,12 +334,15 @@ def main():
             progress_file=dict(type="path"),
             lock_timeout=dict(type="int", default=14400),
             keep_revision=dict(type="str", default=""),
+            deployment_unit=dict(type="str", default=""),
             job=dict(type="path"),
         ),
-        mutually_exclusive=[("token", "token_file")],
+        mutually_exclusive=[("token", "token_file"), ("keep_revision", "deployment_unit")],
         supports_check_mode=True,
     )
     p = module.params
+    if p["deployment_unit"]:
+        p["keep_revision"] = dp.good_model_revision(p["deployment_unit"])
     try:  # first: the token file must not outlive this process, whatever fails next
         token = hf.read_token_file(p["token_file"]) if p["token_file"] and not p["job"] else (p["token"] or None)
     except Failure as f:

@@ -191,7 +191,7 @@ def main():
             failed_at=dict(type="float"),
             good=dict(type="dict"),
             deployment=dict(type="dict"),
-            state_dir=dict(type="path", default="/var/lib/kpro-gpu-serving"),
+            state_dir=dict(type="path", default=dp.STATE_DIR),
         ),
         required_if=[("state", "checked", ["service"]), ("state", "recorded", ["service"]), ("state", "failed", ["service", "diagnosis"]),
                      ("state", "rolled_back", ["diagnosis", "good", "failed_at"])],

@@ -174,3 +174,15 @@ def test_the_kept_copy_is_found_where_the_model_stage_keeps_it(tmp_path):
     good["service"]["model_dir"] = model
     assert dp.rollback_plan({"good": good}, wanted, None, identity=lambda v: {"lock_sha256": OLD})[0]["model_dir"] == mr.kept_path(model, commit)
     assert mr.find_kept(model, "v1") == mr.kept_path(model, commit) and mr.find_kept(model, "v2") is None
+
+
+def test_good_model_revision_is_read_from_the_units_record(tmp_path):
+    """hf_model's deployment_unit: the revision of the last good deployment, "" without a record or a good one."""
+    state = str(tmp_path)
+    assert dp.good_model_revision("sglang.service", state) == ""
+    dp.save(dp.record_path(state, "sglang.service"), {"failed": {"signature": "x"}})
+    assert dp.good_model_revision("sglang.service", state) == ""
+    dp.save(dp.record_path(state, "sglang.service"), {"good": {"model_revision": "a" * 40, "environment": {"HF_TOKEN": "s"}}})
+    assert dp.good_model_revision("sglang.service", state) == "a" * 40
+    assert dp.good_model_revision("other.service", state) == ""
+    assert dp.record_path(state, "sglang.service") == os.path.join(state, "sglang-deployment.json")
