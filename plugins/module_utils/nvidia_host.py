@@ -13,11 +13,14 @@ import tempfile
 
 from ansible.module_utils.urls import fetch_url
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import installer_log
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.driver_kernels import Kernels
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import VOCABULARY, Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, read_text
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts, read_proc_driver_version
+
+INSTALLER_LOG = "/var/log/nvidia-installer.log"  # nvidia-installer 590.48.01 nvidia-installer.h:554
 
 
 class Driver(object):
@@ -153,9 +156,16 @@ class Driver(object):
         rc, out, err = self.run(["sh", path] + args)
         self.changed = True
         if rc != 0:
-            tail = (read_text("/var/log/nvidia-installer.log") or "").strip().splitlines()[-15:]
-            self.fail("installer_failed", "The NVIDIA installer failed (rc=%d): %s" % (rc, (err or out).strip()),
-                      installer_log_tail=tail)
+            self.installer_failed(rc, out, err)
+
+    def installer_failed(self, rc, out, err):
+        """Fail with why the installer failed (installer_log reads its output and the end of its log), else its words."""
+        log = (read_text(INSTALLER_LOG) or "").strip().splitlines()
+        why = installer_log.diagnose("\n".join([err or "", out or ""] + log[-400:]))
+        said = "%s (%s)" % (why["summary"], why["cause"]) if why["cause"] else (err or out).strip()
+        raise Failure("installer_failed", "The NVIDIA installer failed (rc=%d): %s" % (rc, said), remedy=why["remedy"],
+                      evidence=why["evidence"], failure="installer_failed", installer_cause=why["cause"],
+                      installer_log_tail=log[-15:])
 
     def modprobe(self):
         modprobe = self.m.get_bin_path("modprobe", required=True)

@@ -47,6 +47,9 @@ def test_installer_refuses_without_a_compiler(fresh):
     out = play("--tags", "gpu_host", "--skip-tags", "preflight", "-e", '{"gpu_host_packages": []}').stdout
     assert recap(out)["failed"] == 1
     assert "installer_failed" in out and "Unable to find the development tool `cc`" in out, out[-4000:]
+    flat = " ".join(out.split())  # the cause, read from the installer's words, and what to do
+    assert "a tool the module build needs is missing (cc) (build_tools_missing)" in flat, out[-4000:]
+    assert "apt-get install build-essential" in flat, out[-4000:]
 
 
 def test_preflight_names_the_missing_proxmox_repository(fresh):

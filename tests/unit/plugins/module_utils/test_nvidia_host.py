@@ -72,6 +72,23 @@ def test_phase_installer_failed(monkeypatch):
     assert e.phase == "installer_failed" and "rc=1" in e.msg and d.log[-1]["rc"] == 1
 
 
+def test_installer_failure_says_why_from_its_output_and_its_log(monkeypatch, tmp_path):
+    log = tmp_path / "nvidia-installer.log"
+    log.write_text("-> Kernel module load error: No such device\n-> Kernel messages:\n"
+                   "[ 12.3] NVRM: GPU 0000:41:00.0 is already bound to vfio-pci.\nERROR: Installation has failed.\n")
+    monkeypatch.setattr(nh, "INSTALLER_LOG", str(log))
+    d = nh.Driver(FakeModule())
+    e = raised(d.installer_failed, 1, "", "\nERROR: Unable to load the kernel module 'nvidia.ko'.  This happens most\n")
+    assert e.phase == "installer_failed" and e.details["installer_cause"] == "gpu_bound_to_vfio"
+    assert "GPU 0000:41:00.0 is bound to vfio-pci" in e.msg and "release the GPUs from vfio-pci" in e.remedy
+    assert e.evidence == ["NVRM: GPU 0000:41:00.0 is already bound to vfio-pci."]
+    assert e.details["installer_log_tail"][-1] == "ERROR: Installation has failed."
+    # nothing known: the installer's own words, as before
+    log.write_text("")
+    e = raised(d.installer_failed, 2, "", "ERROR: something new\n")
+    assert e.details["installer_cause"] is None and e.msg.endswith("(rc=2): ERROR: something new") and e.remedy == ""
+
+
 def test_phase_secure_boot_unsigned_module(monkeypatch):
     monkeypatch.setattr(nh.ni, "plan_host", lambda *a: ("install", "no driver"))
     monkeypatch.setattr(nh.ni, "secure_boot_enabled", lambda efivars: True)

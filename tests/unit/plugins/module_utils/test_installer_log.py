@@ -1,0 +1,86 @@
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Why the NVIDIA installer failed, on published installer output and logs (fixtures/nvidia-installer, each with its source)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import pytest
+
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import installer_log as il
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "nvidia-installer")
+FIXTURES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(FIX, "*.log")))
+REAL = [f for f in FIXTURES if not f.startswith("synthetic_")]
+
+
+def read(name):
+    with open(os.path.join(FIX, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def header(text, key):
+    m = re.search(r"^# %s: (.*)$" % key, text, re.M)
+    return m.group(1).strip() if m else None
+
+
+def body(text):
+    return [ln for ln in text.splitlines() if not ln.startswith("# ")]
+
+
+def test_every_cause_has_a_fixture_and_most_are_real():
+    causes = set(header(read(f), "expected_cause") for f in FIXTURES)
+    assert causes == set(c[0] for c in il.CAUSES)
+    assert len(REAL) >= 10
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_fixture_names_its_source_and_gets_its_cause(name):
+    text = read(name)
+    source = header(text, "source")
+    assert re.match(r"(https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+ \(|synthetic: NVIDIA/nvidia-installer )", source)
+    d = il.diagnose("\n".join(body(text)))
+    assert d["cause"] == header(text, "expected_cause"), d
+    assert d["summary"] and "{" not in d["summary"] and d["remedy"]
+    lines = set(" ".join(ln.split()) for ln in body(text))
+    assert d["evidence"] and all(any(ev in ln for ln in lines) for ev in d["evidence"]), d["evidence"]
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_excerpts_cut_at_either_end_keep_their_cause(name):
+    # while the lines a cause was read from are there, a missing head or tail changes nothing
+    lines = body(read(name))
+    evidence = il.diagnose("\n".join(lines))["evidence"]
+    for n in range(1, len(lines)):
+        for cut in (lines[n:], lines[:-n]):
+            flat = set(" ".join(ln.split()) for ln in cut)
+            if all(any(ev in ln for ln in flat) for ev in evidence):
+                assert il.diagnose("\n".join(cut))["cause"] == header(read(name), "expected_cause"), (n, cut[:2])
+
+
+def test_prefixes_of_ci_and_container_logs_are_read_through():
+    text = ("2022-11-02T18:33:01.2374547Z ERROR: Unable to find the kernel source tree for the currently running kernel.\n"
+            "nvidia-driver-1  | ERROR: Installation has failed.\n")
+    assert il.diagnose(text)["cause"] == "kernel_source_missing"
+    assert il.diagnose("nvidia-1 | ERROR: Unable to find the development tool `make` in your path")["summary"].endswith("(make)")
+
+
+def test_secure_boot_wins_over_the_generic_load_failure_and_vfio_over_both_orders():
+    sb = read("synthetic_secure_boot.log")
+    assert il.diagnose(sb)["cause"] == "secure_boot"
+    reversed_log = "\n".join(reversed(body(read("synthetic_vfio_in_installer_log.log"))))
+    assert il.diagnose(reversed_log)["cause"] == "gpu_bound_to_vfio"
+    assert "0000:01:00.0" in il.diagnose(reversed_log)["summary"] and "vfio-pci" in il.diagnose(reversed_log)["summary"]
+
+
+def test_unknown_failures_give_the_installers_own_first_error_and_nothing_else_is_made_up():
+    d = il.diagnose("-> Detected 4 CPUs\nERROR: Unable to create a temporary file.\nERROR: Installation has failed.  Please see\n")
+    assert d == {"cause": None, "summary": "Unable to create a temporary file.", "remedy": "",
+                 "evidence": ["Unable to create a temporary file."]}
+    assert il.explain("ERROR: Installation has failed.") == ""
+    assert il.explain("") == ""
+    assert il.explain("\n".join(body(read("kernel_source_missing_bumblebee_925.log")))).startswith(
+        "no kernel headers for the kernel the module is built for (kernel_source_missing). Remedy: install the headers")
