@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import read_text
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvidia_installer import headers_packages
 
 BOOT_TOOL_BLOCKS = {
@@ -105,17 +106,21 @@ def dkms_state(entries, version, kernel):
     return None
 
 
-def make_log_tail(version, kernel, arch="x86_64", lines=20, dkms_tree=DKMS_TREE, module="nvidia"):
-    """The last lines of DKMS's make.log for this build: the failed build's (build/make.log) first, else the kept one."""
+def read_make_log(version, kernel, arch="x86_64", dkms_tree=DKMS_TREE, module="nvidia"):
+    """(path, text) of DKMS's make.log for this build: the failed build's (build/make.log) first, else the kept one;
+    (None, "") when there is none."""
     for path in (os.path.join(dkms_tree, module, version, "build", "make.log"),
                  os.path.join(dkms_tree, module, version, kernel, arch, "log", "make.log")):
-        try:
-            with open(path, "r", errors="replace") as f:
-                text = f.read()
-        except (IOError, OSError):
-            continue
-        return path, text.rstrip("\n").splitlines()[-lines:]
-    return None, []
+        text = read_text(path)
+        if text is not None:
+            return path, text
+    return None, ""
+
+
+def make_log_tail(version, kernel, arch="x86_64", lines=20, dkms_tree=DKMS_TREE, module="nvidia"):
+    """The path and last lines of DKMS's make.log for this build (read_make_log)."""
+    path, text = read_make_log(version, kernel, arch, dkms_tree, module)
+    return path, text.rstrip("\n").splitlines()[-lines:]
 
 
 def kernel_report(kernels, version, entries, running, next_boot, modules_root="/lib/modules"):

@@ -67,6 +67,33 @@ CAUSES = [
      "driver (vfio-pci, nouveau), a GPU this release does not support, or a signature"),
 ]
 _COMPILED = [(c, re.compile(p, re.I if c == "secure_boot" else 0), s, r) for c, p, s, r in CAUSES]
+
+# Why a module build failed, from the compiler's and make's words (DKMS's make.log, or the installer's log, which
+# copies make's output after "The command `...` failed with the following output"): the kernel's own Makefile and gcc.
+BUILD_CAUSES = [
+    ("compiler_killed", r"internal compiler error: Killed|Killed \(program cc1\)",
+     "the compiler was killed (out of memory)",
+     "free memory on the host (stop a guest) or add swap, then run the play again"),
+    ("compiler_mismatch", r"unrecognized command[- ]line option [`'\u2018]?(-[\w=-]+)",  # flags of the kernel's compiler
+     "the compiler is not the one the kernel was built with: it does not know the kernel's flag {0}",
+     "install the compiler the kernel was built with and make it `cc` (`cat /proc/version` names it; Proxmox VE 8's "
+     "kernels: gcc 12 of bookworm, the build-essential package), then run the play again"),
+    ("kernel_api_changed", r"error: implicit declaration of function [`'\u2018]?(\w+)|"
+                           r"error: too (?:few|many) arguments to function [`'\u2018]?(\w+)",
+     "the driver's source does not build against this kernel (its API changed: {0}{1})",
+     "this driver release is older than the kernel: choose a newer gpu_host_driver_version (a branch that supports "
+     "the kernel), or pin a kernel it supports (`proxmox-boot-tool kernel pin <kernel>`) and reboot"),
+    ("headers_missing", r"/lib/modules/([^/\s]+)/build: No such file or directory",
+     "no kernel headers for kernel {0}",
+     "install proxmox-headers-{0} (pve-headers-{0} before PVE 8), then run the play again"),
+    # the kernel Makefile's warning (scripts/Makefile.compiler's check in kernels 5.16+): only a hint, so tried last
+    ("compiler_mismatch", r"the compiler differs from the one used to build the kernel\s+The kernel was built by: (\S+)"
+                          r".{0,200}?You are using: +(\S+)",
+     "the compiler ({1}) is not the one the kernel was built with ({0})",
+     "install the compiler the kernel was built with and make it `cc` (Proxmox VE 8's kernels: gcc 12 of bookworm, the "
+     "build-essential package), then run the play again"),
+]
+_BUILD = [(c, re.compile(p), s, r) for c, p, s, r in BUILD_CAUSES]
 _ERROR_RE = re.compile(r"^ERROR: (?!Installation has failed)(.+)")
 
 
@@ -88,21 +115,45 @@ def _flatten(lines):
 
 
 def _fill(template, match):
-    return template.format(*[g or "?" for g in match.groups()] + ["?", "?"])
+    """The template with the match's groups; an alternative's unmatched groups are empty."""
+    groups = match.groups()
+    filled = template.format(*[g or "" for g in groups] + [""] * (3 - len(groups))) if groups else template
+    return filled.replace(" ()", "")
 
 
-def diagnose(text, max_evidence=6):
-    """``{"cause", "summary", "remedy", "evidence"}`` for the installer's failure; cause None when no known one matched
-    (the summary is then the installer's first ERROR line, if any)."""
-    lines = _lines(text)
-    flat, starts = _flatten(lines)
-    for cause, rx, summary, remedy in _COMPILED:
+def _first_match(table, lines, flat, starts, max_evidence):
+    for cause, rx, summary, remedy in table:
         m = rx.search(flat)
         if m:
             first = bisect.bisect_right(starts, m.start()) - 1
             last = bisect.bisect_right(starts, max(m.end() - 1, m.start())) - 1
             evidence = [ln for ln in lines[first:last + 1] if ln][:max_evidence]
-            return {"cause": cause, "summary": _fill(summary, m), "remedy": remedy, "evidence": evidence}
+            return {"cause": cause, "summary": _fill(summary, m), "remedy": _fill(remedy, m), "evidence": evidence}
+    return None
+
+
+def build_failure(text, max_evidence=6):
+    """Why a kernel module build failed (``{"cause", "summary", "remedy", "evidence"}``), or None when make's and the
+    compiler's words in ``text`` name no known cause."""
+    lines = _lines(text)
+    flat, starts = _flatten(lines)
+    return _first_match(_BUILD, lines, flat, starts, max_evidence)
+
+
+def diagnose(text, max_evidence=6):
+    """``{"cause", "summary", "remedy", "evidence"}`` for the installer's failure; cause None when no known one matched
+    (the summary is then the installer's first ERROR line, if any). A failed build says why it failed when the text
+    has the compiler's words (``build_failure``)."""
+    lines = _lines(text)
+    flat, starts = _flatten(lines)
+    found = _first_match(_COMPILED, lines, flat, starts, max_evidence)
+    if found and found["cause"] in ("dkms_build_failed", "module_build_failed"):
+        build = _first_match(_BUILD, lines, flat, starts, max_evidence)
+        if build:
+            found.update(summary="%s: %s" % (found["summary"], build["summary"]), remedy=build["remedy"],
+                         evidence=(found["evidence"] + build["evidence"])[:max_evidence])
+    if found:
+        return found
     errors = [m.group(1) for m in (_ERROR_RE.match(ln) for ln in lines) if m]
     return {"cause": None, "summary": errors[0] if errors else "", "remedy": "", "evidence": errors[:max_evidence]}
 

@@ -13,6 +13,7 @@ import tempfile
 
 from ansible.module_utils.urls import fetch_url
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import boot_kernels as bk
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import installer_log
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.driver_kernels import Kernels
@@ -158,6 +159,14 @@ class Driver(object):
         if rc != 0:
             self.installer_failed(rc, out, err)
 
+    def dkms_failed(self, kernel, rc, out, err):
+        """Fail with why DKMS could not build the module (the compiler's words in its make.log), else DKMS's words."""
+        make_log = bk.read_make_log(self.version, kernel, dkms_tree=self.p["dkms_tree"])[1]
+        why = installer_log.build_failure(make_log) or {"summary": (err or out).strip(), "remedy": "", "evidence": []}
+        raise Failure("installer_failed", "dkms could not build nvidia %s for %s (rc=%d): %s" % (
+            self.version, kernel, rc, why["summary"]), remedy=why["remedy"], evidence=why["evidence"],
+            failure="installer_failed", make_log_tail=make_log.rstrip("\n").splitlines()[-20:])
+
     def installer_failed(self, rc, out, err):
         """Fail with why the installer failed (installer_log reads its output and the end of its log), else its words."""
         log = (read_text(INSTALLER_LOG) or "").strip().splitlines()
@@ -249,8 +258,7 @@ class Driver(object):
             elif action == "rebuild_module":
                 rc, out, err = self.run(["dkms", "install", "-m", "nvidia", "-v", self.version, "-k", kernel])
                 if rc != 0:
-                    self.fail("installer_failed", "dkms could not build nvidia %s for %s: %s" % (
-                        self.version, kernel, (err or out).strip()))
+                    self.dkms_failed(kernel, rc, out, err)
                 self.modprobe()
             elif action == "load":
                 self.modprobe()

@@ -58,7 +58,8 @@ class Host(object):
                 log = os.path.join(self.params["dkms_tree"], "nvidia", V, "build")
                 os.makedirs(log, exist_ok=True)
                 with open(os.path.join(log, "make.log"), "w") as f:
-                    f.write("DKMS make.log for nvidia-%s for kernel %s (x86_64)\nnv.c:1: error: boom\n" % (V, k))
+                    f.write("DKMS make.log for nvidia-%s for kernel %s (x86_64)\nnv.c:1: error: boom\n"
+                            "cc: error: unrecognized command-line option '-ftrivial-auto-var-init=zero'\n" % (V, k))
                 return 10, "", "Error! Bad return status for module build on kernel: %s (x86_64)" % k
             self.dkms[k] = "installed"
             return 0, "", ""
@@ -146,6 +147,8 @@ def test_phase_dkms_build_failed_keeps_the_make_log_tail(tmp_path):
     k.build(entry)
     f = k.failure()
     assert f.phase == "dkms_build_failed" and "nv.c:1: error: boom" in f.evidence
+    # why, from the compiler's words in make.log (installer_log.build_failure)
+    assert "does not know the kernel's flag -ftrivial-auto-var-init=zero" in f.msg, f.msg
     assert "make.log" in f.remedy and entry["dkms"] == "failed"
 
 

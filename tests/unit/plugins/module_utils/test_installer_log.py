@@ -84,3 +84,44 @@ def test_unknown_failures_give_the_installers_own_first_error_and_nothing_else_i
     assert il.explain("") == ""
     assert il.explain("\n".join(body(read("kernel_source_missing_bumblebee_925.log")))).startswith(
         "no kernel headers for the kernel the module is built for (kernel_source_missing). Remedy: install the headers")
+
+
+MAKE = os.path.join(FIX, "make-logs")
+MAKE_LOGS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(MAKE, "*.log")))
+
+
+def make_log(name):
+    with open(os.path.join(MAKE, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_every_build_cause_has_a_published_make_log():
+    assert set(header(make_log(f), "expected_build_cause") for f in MAKE_LOGS) == set(c[0] for c in il.BUILD_CAUSES)
+
+
+@pytest.mark.parametrize("name", MAKE_LOGS)
+def test_make_logs_get_their_build_cause_also_cut(name):
+    text = make_log(name)
+    assert re.match(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+ \(", header(text, "source"))
+    lines = body(text)
+    b = il.build_failure("\n".join(lines))
+    assert b["cause"] == header(text, "expected_build_cause") and b["summary"] and "{" not in b["remedy"], b
+    for n in range(1, len(lines)):
+        for cut in (lines[n:], lines[:-n]):
+            flat = set(" ".join(ln.split()) for ln in cut)
+            if all(any(ev in ln for ln in flat) for ev in b["evidence"]):
+                assert il.build_failure("\n".join(cut))["cause"] == b["cause"], (n, cut[:2])
+
+
+def test_a_failed_build_says_why_when_the_log_has_the_compilers_words():
+    text = "\n".join(body(read("dkms_build_failed_vgpu_proxmox7_1.log")) + body(make_log("kernel_api_changed_nvidia_all_34.log")))
+    d = il.diagnose(text)
+    assert d["cause"] == "dkms_build_failed"
+    assert d["summary"] == ("DKMS could not build the module: the driver's source does not build against this kernel "
+                            "(its API changed: sys_close)")
+    assert "newer gpu_host_driver_version" in d["remedy"]
+    assert il.build_failure(read("module_in_use_apollo_6308.log")) is None
+    headers = il.build_failure("\n".join(body(make_log("headers_missing_it87_4.log"))))
+    assert headers["summary"] == "no kernel headers for kernel 6.8.12-2-pve" and "proxmox-headers-6.8.12-2-pve" in headers["remedy"]
+    clang = il.build_failure("\n".join(body(make_log("compiler_mismatch_pop_os_3117.log"))))
+    assert clang["summary"] == "the compiler (cc) is not the one the kernel was built with (x86_64-linux-gnu-gcc-12)"

@@ -138,3 +138,20 @@ def test_host_returns_would_change(monkeypatch, check_mode, unit_changes, would_
     monkeypatch.setattr(d, "ensure_unit", ensure_unit)
     d.host()
     assert out["would_change"] is would_change and out["changed"] is unit_changes and out["action"] == "none"
+
+
+def test_dkms_rebuild_failure_says_why_from_make_log(tmp_path):
+    build = tmp_path / "nvidia" / "580.126.09" / "build"
+    build.mkdir(parents=True)
+    (build / "make.log").write_text("  CC [M]  nvidia/nv.o\nnvidia/nv-caps.c:598:5: error: implicit declaration of function "
+                                    "'sys_close' [-Werror=implicit-function-declaration]\nmake[2]: *** Error 1\n")
+    d = nh.Driver(FakeModule(dkms_tree=str(tmp_path)))
+    d.version = "580.126.09"
+    e = raised(d.dkms_failed, "6.8.12-10-pve", 10, "", "Error! Bad return status for module build on kernel: 6.8.12-10-pve")
+    assert e.phase == "installer_failed" and "for 6.8.12-10-pve (rc=10): the driver's source does not build" in e.msg
+    assert "sys_close" in e.msg and "newer gpu_host_driver_version" in e.remedy and e.details["make_log_tail"][-1] == "make[2]: *** Error 1"
+    # no make.log: DKMS's own words
+    d = nh.Driver(FakeModule(dkms_tree=str(tmp_path / "none")))
+    d.version = "580.126.09"
+    e = raised(d.dkms_failed, "6.8.12-10-pve", 10, "", "Error! Bad return status")
+    assert e.msg.endswith("(rc=10): Error! Bad return status") and e.remedy == ""
