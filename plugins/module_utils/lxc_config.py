@@ -343,6 +343,20 @@ def _norm(value):
     return " ".join(value.split())
 
 
+def _mount_canon(value):
+    """A mount entry's fields with its options as a sorted set and trailing dump/pass fields of 0 dropped: the
+    entry is fstab-like (lxc.container.conf(5)), so "... bind,optional,create=file 0 0" (as published guides
+    often write it) says what "... bind,optional,create=file" says."""
+    f = value.split()
+    f = f[:4] if len(f) == 6 and f[4:] == ["0", "0"] else f
+    return f[:3] + [",".join(sorted(f[3].split(",")))] + f[4:] if len(f) >= 4 else f
+
+
+def _same_entry(key, have, want):
+    """Whether a present line already says what ``want`` says (then it is kept as it is, not rewritten)."""
+    return _mount_canon(have) == _mount_canon(want) if key == MOUNT_KEY else _norm(have) == want
+
+
 class Plan(object):
     """The edits for one config: ``devn_set`` {key: value}, ``devn_delete`` [key], and the new raw text."""
 
@@ -462,9 +476,9 @@ def _plan_raw(conf, want_raw, nvidia_majors, all_majors):
         missing = [v for k, v in want_raw if k == key]
         unmatched = []
         for ln in owned_lines:
-            nv = _norm(ln.value)
-            if nv in missing:
-                missing.remove(nv)
+            same = [v for v in missing if _same_entry(key, ln.value, v)]
+            if same:
+                missing.remove(same[0])
             else:
                 unmatched.append(ln)
         while unmatched and missing:

@@ -54,7 +54,7 @@ def is_owned_line(line):
 # ------------------------------------------------------------------ grammar
 
 
-@pytest.mark.parametrize("name", ["129.conf", "130.conf", "131.conf", "140.conf"])
+@pytest.mark.parametrize("name", ["129.conf", "130.conf", "131.conf", "140.conf", "published_guide.conf"])
 def test_roundtrip_is_byte_identical(name):
     raw = fixture(name)
     assert lc.ConfigFile.parse(raw).to_bytes() == raw
@@ -138,6 +138,22 @@ def test_apply_changes_only_owned_lines_and_is_idempotent(name, method, proc_dev
     again = lc.ConfigFile.parse(after)
     plan2 = lc.plan_passthrough(again, devices(proc_devices), method, proc_devices)
     assert not plan2.changed and again.render() == after
+
+
+def test_published_mount_entries_with_dump_pass_fields_or_other_option_order_are_kept(proc_devices):
+    raw = fixture("published_guide.conf").decode()
+    conf = lc.ConfigFile.parse(raw)
+    plan = lc.plan_passthrough(conf, devices(proc_devices), "lxc_raw", proc_devices)
+    # every wanted device is already there in an equivalent line: nothing is rewritten
+    assert not plan.changed and conf.render() == raw
+    # a device not wanted any more is still removed, a missing one added in the canonical form
+    plan = lc.plan_passthrough(conf, devices(proc_devices, ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"]), "lxc_raw",
+                               proc_devices)
+    removed, added = changed_lines(raw, conf.render())
+    assert plan.changed and added == [] and sorted(removed) == sorted([
+        "lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,create=file,optional 0 0",
+        "lxc.mount.entry: /dev/nvidia-uvm-tools dev/nvidia-uvm-tools none bind,optional,create=file 0 0"])
+    assert "lxc.mount.entry: /usr/bin/nvidia-smi usr/bin/nvidia-smi none bind,optional,create=file 0 0" in conf.render()
 
 
 def test_devn_129_canonical_lines(proc_devices):
