@@ -2,8 +2,8 @@
 inventory inventories/lab-two-nodes, one converge shared by the file (module fixture), then re-runs of it:
 
 a. a rolling run (kpro_rollout_serial=1) converges both units, the first gated before the second is touched;
-b. the second unit fails (its container is told to expect 3 GPUs, it has 2): the first keeps serving, the play stops
-   with the second's diagnosis, rc != 0;
+b. the second unit fails (its container is told to expect 3 GPUs, it has 2; --tags gpu_container, the stage that
+   checks it): the first keeps serving, the play stops with the second's diagnosis, rc != 0;
 c. the run again without that: changed=0 on every host;
 d. one model over both nodes (-e @inventories/lab-two-nodes/two-node-server.yml: TP 4, nnodes 2, node ranks 0/1,
    dist_init_addr on CT 129's address), --tags serve: starts and passes the gate on both (NVML on both nodes, the
@@ -141,8 +141,8 @@ def test_rolling_run_converges_both_units_each_gated_before_the_next(two_nodes):
 
 def test_second_unit_fails_first_keeps_serving(two_nodes):
     before = in_ct("kpro5", "systemctl", "show", "-p", "MainPID", "sglang.service").stdout.strip()
-    # the preflight checks ran in the converge (read-only; skipped in the re-runs to save time)
-    r = play("--skip-tags", "preflight",
+    # the stage the drill fails in (and the rollout's own tasks, tag always); the preflight checks ran in the converge
+    r = play("--tags", "gpu_container", "--skip-tags", "preflight",
              "-e", '{"gpu_container_expected_gpu_count": "{{ 3 if inventory_hostname == \'ct131\' else 2 }}"}')
     two_nodes["drill"] = r
     out = r.stdout
