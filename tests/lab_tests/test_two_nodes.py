@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from conftest import REPO, RUN, labctl, lab_is_up
+from conftest import REPO, labctl, lab_is_up
 from test_gpu_host_stage import ANSIBLE_PLAYBOOK, PLAYBOOK, recap
 
 INV = os.path.join(REPO, "inventories", "lab-two-nodes", "hosts.yml")
@@ -114,8 +114,7 @@ def two_nodes():
     print("up --nodes 2: %.0fs" % (time.time() - t0))
     runs = {"converge": play("-e", "kpro_rollout_serial=1")}
     yield runs
-    drill("kpro7", None) if lab_is_up() else None
-    labctl("down")
+    labctl("down")  # both nodes, and the drill files with their disks
     if was_up:  # leave the lab as found: the one-node lab up
         labctl("up")
 
