@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Start, stop and drive the lab's simulated Proxmox node kpro5 (run as root).
 
-    labctl.py up | down [--keep-disk] | status | reset | root | exec -- CMD...
+    labctl.py up [--nodes 2] | down [--keep-disk] | status | reset | root | exec -- CMD...
+    labctl.py --node kpro7 status | root | exec -- CMD...   (the second node of ``up --nodes 2``)
     labctl.py reboot | kernel-upgrade [RELEASE] | publish-kernel RELEASE [--no-headers] | unpublish-kernel RELEASE
     labctl.py secure-boot on|off | mok-enroll CERT | mok-list
 
@@ -9,6 +10,11 @@ See tests/lab/README.md. Everything ``up`` starts is recorded by PID (with its
 /proc/PID/stat start time) under tests/lab/.run/pids/ and ended by PID at ``down``.
 All mounts live in the node's private mount namespace; the node has its own network
 (kpgs-kpro5), PID, UTS and IPC namespaces.
+
+``up --nodes 2`` adds a second node, kpro7 (10.213.5.3, container 131), with its own overlay over the same
+cached stock root and its own state, /sys, sshd, PVE API stand-in and container. The two nodes and the
+controller side then share one lab-owned L2 segment: a bridge in the lab's own network namespace
+(kpgs-lan), so no host-wide setting changes and the root namespace's netfilter never sees the nodes' traffic.
 """
 
 import argparse
@@ -31,6 +37,7 @@ import rootfs_cache  # noqa: E402
 
 LAB_ID = os.environ.get("KPGS_LAB_ID", "kpgs")
 RUN = os.path.join(HERE, ".run")
+NODE_NAME = "kpro5"
 NODE = os.path.join(RUN, "kpro5")
 UPPER = os.path.join(NODE, "upper")
 WORK = os.path.join(NODE, "work")
@@ -42,6 +49,16 @@ SSHDIR = os.path.join(RUN, "ssh")
 NETNS = "%s-kpro5" % LAB_ID
 VETH_H, VETH_N = "%s5h" % LAB_ID, "%s5n" % LAB_ID
 HOST_IP, NODE_IP = "10.213.5.1", "10.213.5.2"
+# The lab's nodes: kpro5 is the one-node lab (the globals above); ``up --nodes 2`` adds kpro7. use_node() points
+# the module's per-node globals at one of them. With two nodes the nodes' veths are ports of a bridge in the lab's
+# own netns LAN_NS, and the controller side's address sits on LAN_H (its peer LAN_P is a port too).
+NODES = {
+    "kpro5": {"ip": "10.213.5.2", "vmid": "129", "tag": "5"},
+    "kpro7": {"ip": "10.213.5.3", "vmid": "131", "tag": "7"},
+}
+NODE_ORDER = ("kpro5", "kpro7")
+LAN_NS, LAN_BR = "%s-lan" % LAB_ID, "%sbr" % LAB_ID
+LAN_H, LAN_P = "%slh" % LAB_ID, "%slp" % LAB_ID
 # The controller-side services (tests/lab/services/labsvc.py) on the lab's own host address:
 # file server, package index (uv + huggingface_hub from PyPI, the SGLang stand-in), mock hub.
 SVC = os.path.join(RUN, "labsvc")
@@ -54,7 +71,7 @@ PACKAGES = {"openssh-server": "/usr/sbin/sshd", "debootstrap": "/usr/sbin/deboot
             "iproute2": "/usr/sbin/ip", "apt-utils": "/usr/bin/apt-ftparchive"}
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NODE_ENV = {"PATH": NODE_PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", "USER": "root", "LOGNAME": "root"}
-SSHD_CONFIG = """# kpro5 (kpro lab): key-only root login from the lab key
+SSHD_TEMPLATE = """# %s (kpro lab): key-only root login from the lab key
 Port 22
 ListenAddress %s
 HostKey /etc/ssh/ssh_host_ed25519_key
@@ -72,7 +89,29 @@ MaxStartups 100:30:200
 MaxSessions 100
 AcceptEnv LANG LC_*
 Subsystem sftp /usr/lib/openssh/sftp-server
-""" % NODE_IP
+"""
+SSHD_CONFIG = SSHD_TEMPLATE % ("kpro5", NODE_IP)
+
+
+def use_node(name):
+    """Point the per-node globals (paths, netns, veths, address, PID records) at node ``name``. kpro5 keeps the
+    one-node lab's paths exactly; another node lives under .run/<name>/ (its disk, its container disks, its PIDs)."""
+    global NODE_NAME, NODE, UPPER, WORK, MERGED, FUSEDIR, CTDIR, PIDS, NETNS, VETH_H, VETH_N, NODE_IP
+    spec = NODES[name]
+    NODE_NAME, NODE_IP = name, spec["ip"]
+    NODE = os.path.join(RUN, name)
+    UPPER, WORK, MERGED, FUSEDIR = (os.path.join(NODE, d) for d in ("upper", "work", "root", "fuse"))
+    if name == "kpro5":
+        CTDIR, PIDS = os.path.join(RUN, "ct"), os.path.join(RUN, "pids")
+    else:
+        CTDIR, PIDS = os.path.join(NODE, "ct"), os.path.join(NODE, "pids")
+    NETNS = "%s-%s" % (LAB_ID, name)
+    VETH_H, VETH_N = "%s%sh" % (LAB_ID, spec["tag"]), "%s%sn" % (LAB_ID, spec["tag"])
+
+
+def multi_node():
+    """True while the two-node network (the lab's bridge netns) exists."""
+    return os.path.exists("/run/netns/" + LAN_NS)
 
 
 def log(msg):
@@ -186,7 +225,7 @@ def ensure_packages():
     sh(["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + missing, env=env)
 
 
-def ensure_keys():
+def ensure_keys(nodes=1):
     os.makedirs(SSHDIR, mode=0o700, exist_ok=True)
     client = os.path.join(SSHDIR, "id_ed25519")
     host = os.path.join(SSHDIR, "ssh_host_ed25519_key")
@@ -195,7 +234,10 @@ def ensure_keys():
             sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", path])
     hostpub = open(host + ".pub").read().split()
     with open(os.path.join(SSHDIR, "known_hosts"), "w") as f:
-        f.write("%s,kpro5 %s %s\n" % (NODE_IP, hostpub[0], hostpub[1]))
+        f.write("%s,kpro5 %s %s\n" % (NODES["kpro5"]["ip"], hostpub[0], hostpub[1]))
+        if nodes > 1:  # the nodes share the lab's host key (one lab, one trust anchor)
+            for name in NODE_ORDER[1:nodes]:
+                f.write("%s,%s %s %s\n" % (NODES[name]["ip"], name, hostpub[0], hostpub[1]))
     cfg = os.path.join(SSHDIR, "config")
     with open(cfg, "w") as f:
         f.write("Host kpro5 %s\n  HostName %s\n  User root\n  IdentityFile %s\n  IdentitiesOnly yes\n  UserKnownHostsFile %s\n"
@@ -216,7 +258,10 @@ def seed_upper():
     import seed
     os.makedirs(UPPER, exist_ok=True)
     shutil.copytree(os.path.join(HERE, "rootfs"), UPPER, symlinks=True, dirs_exist_ok=True)
-    seed.seed(UPPER)
+    if NODE_NAME == "kpro5":
+        seed.seed(UPPER)
+    else:
+        seed.seed(UPPER, node=NODE_NAME, addr=NODE_IP, vmid=NODES[NODE_NAME]["vmid"])
 
 
 def install_access(root):
@@ -230,7 +275,7 @@ def install_access(root):
         shutil.copy(os.path.join(SSHDIR, "ssh_host_ed25519_key" + suffix), dst)
         os.chmod(dst, 0o600 if not suffix else 0o644)
     with open(os.path.join(root, "etc/ssh/sshd_config"), "w") as f:
-        f.write(SSHD_CONFIG)
+        f.write(SSHD_CONFIG if NODE_NAME == "kpro5" else SSHD_TEMPLATE % (NODE_NAME, NODE_IP))
 
 
 def refresh_fakes(root):
@@ -246,18 +291,70 @@ def run_build_scripts():
     for name in sorted(os.listdir(d)):
         if name.endswith(".sh"):
             t0 = time.time()
-            sh(["sh", os.path.join(d, name)], env=env)
+            e = env
+            if name == "20-pve-pki.sh" and NODE_NAME != "kpro5":
+                e = pki_env_other_node(env)
+            sh(["sh", os.path.join(d, name)], env=e)
             log("build.d/%s done (%.1fs)" % (name, time.time() - t0))
+
+
+def pki_env_other_node(env):
+    """Another node's PVE certificate from the lab's one CA, with the lab's one set of API credentials (so the
+    controller trusts .run/pki/ca.pem for every node): 20-pve-pki.sh runs with KPGS_RUN=.run/<node>/, seeded
+    with the CA and the credentials; it issues that node's pve-ssl for its own name and address."""
+    d = os.path.join(NODE, "pki")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    for f in ("ca.pem", "ca.key"):
+        shutil.copy(os.path.join(RUN, "pki", f), os.path.join(d, f))
+    dst = os.path.join(NODE, "pve-credentials.json")
+    if not os.path.exists(dst):
+        shutil.copy(os.path.join(RUN, "pve-credentials.json"), dst)
+    return dict(env, KPGS_RUN=NODE, KPGS_NODE_NAME=NODE_NAME, KPGS_NODE_ADDR=NODE_IP)
+
+
+def lan_up():
+    """The two-node lab's segment: bridge LAN_BR in the lab's netns LAN_NS; the controller side's address on LAN_H
+    (root namespace), its peer LAN_P a bridge port. Node-to-node traffic is bridged inside LAN_NS only."""
+    if quiet(["ip", "netns", "exec", LAN_NS, "true"]) != 0:
+        sh(["ip", "netns", "add", LAN_NS])
+    lan = ["ip", "netns", "exec", LAN_NS]
+    if quiet(lan + ["ip", "link", "show", LAN_BR]) != 0:
+        sh(lan + ["ip", "link", "add", LAN_BR, "type", "bridge"])
+    sh(lan + ["ip", "link", "set", LAN_BR, "up"])
+    if quiet(["ip", "link", "show", LAN_H]) != 0:
+        sh(["ip", "link", "add", LAN_H, "type", "veth", "peer", "name", LAN_P])
+        sh(["ip", "link", "set", LAN_P, "netns", LAN_NS])
+    sh(lan + ["ip", "link", "set", LAN_P, "master", LAN_BR, "up"])
+    quiet(["ip", "addr", "add", HOST_IP + "/24", "dev", LAN_H])
+    sh(["ip", "link", "set", LAN_H, "up"])
+
+
+def lan_down():
+    if quiet(["ip", "link", "show", LAN_H]) == 0:
+        quiet(["ip", "link", "del", LAN_H])
+    if os.path.exists("/run/netns/" + LAN_NS):
+        sh(["ip", "netns", "del", LAN_NS])  # its bridge and the node-side ports go with it
 
 
 def netns_up():
     if quiet(["ip", "netns", "exec", NETNS, "true"]) != 0:
         sh(["ip", "netns", "add", NETNS])
-    if quiet(["ip", "link", "show", VETH_H]) != 0:
-        sh(["ip", "link", "add", VETH_H, "type", "veth", "peer", "name", VETH_N])
-        sh(["ip", "link", "set", VETH_N, "netns", NETNS])
-    quiet(["ip", "addr", "add", HOST_IP + "/24", "dev", VETH_H])
-    sh(["ip", "link", "set", VETH_H, "up"])
+    if multi_node():
+        # the node's veth: its root-side end is a port of the lab's bridge (no address), in LAN_NS
+        lan = ["ip", "netns", "exec", LAN_NS]
+        if quiet(lan + ["ip", "link", "show", VETH_H]) != 0:
+            if quiet(["ip", "link", "show", VETH_H]) == 0:
+                quiet(["ip", "link", "del", VETH_H])
+            sh(["ip", "link", "add", VETH_H, "type", "veth", "peer", "name", VETH_N])
+            sh(["ip", "link", "set", VETH_N, "netns", NETNS])
+            sh(["ip", "link", "set", VETH_H, "netns", LAN_NS])
+        sh(lan + ["ip", "link", "set", VETH_H, "master", LAN_BR, "up"])
+    else:
+        if quiet(["ip", "link", "show", VETH_H]) != 0:
+            sh(["ip", "link", "add", VETH_H, "type", "veth", "peer", "name", VETH_N])
+            sh(["ip", "link", "set", VETH_N, "netns", NETNS])
+        quiet(["ip", "addr", "add", HOST_IP + "/24", "dev", VETH_H])
+        sh(["ip", "link", "set", VETH_H, "up"])
     quiet(["ip", "netns", "exec", NETNS, "ip", "addr", "add", NODE_IP + "/24", "dev", VETH_N])
     sh(["ip", "netns", "exec", NETNS, "ip", "link", "set", VETH_N, "up"])
     sh(["ip", "netns", "exec", NETNS, "ip", "link", "set", "lo", "up"])
@@ -318,7 +415,7 @@ def node_init():
     for d in (UPPER, WORK, MERGED, FUSEDIR):
         os.makedirs(d, exist_ok=True)
     lower = rootfs_cache.rootfs_dir("pve8")
-    _mount("-t", "overlay", "kpgs-kpro5", "-o", "lowerdir=%s,upperdir=%s,workdir=%s" % (lower, UPPER, WORK), MERGED)
+    _mount("-t", "overlay", "kpgs-" + NODE_NAME, "-o", "lowerdir=%s,upperdir=%s,workdir=%s" % (lower, UPPER, WORK), MERGED)
     _mount("-t", "proc", "proc", os.path.join(MERGED, "proc"))
     fs_pid = _spawn([sys.executable, "-W", "ignore", os.path.join(HERE, "fakesys.py"), MERGED, FUSEDIR], "fakesys.log",
                     chroot=False, env=dict(os.environ))
@@ -354,7 +451,7 @@ def node_init():
         os.makedirs(d, exist_ok=True)
     _mount("--bind", "-o", "ro", rootfs_cache.rootfs_dir("ct"), ct_base)
     _mount("--bind", CTDIR, ct_disks)
-    socket.sethostname("kpro5")
+    socket.sethostname(NODE_NAME)
     roles["anchor"] = _spawn(["/bin/sleep", "infinity"], "anchor.log")
     roles["sshd"] = _spawn(["/usr/sbin/sshd", "-D", "-e", "-f", "/etc/ssh/sshd_config"], "sshd.log")
     sd = os.path.join(MERGED, "usr/lib/kpro-lab/services.d")
@@ -403,8 +500,8 @@ def node_root():
 
 def summary():
     ents = recorded()
-    return "kpro5 up: ssh root@%s (key %s), netns %s, root %s, pids %s" % (
-        NODE_IP, os.path.relpath(os.path.join(SSHDIR, "id_ed25519")), NETNS, node_root(),
+    return "%s up: ssh root@%s (key %s), netns %s, root %s, pids %s" % (
+        NODE_NAME, NODE_IP, os.path.relpath(os.path.join(SSHDIR, "id_ed25519")), NETNS, node_root(),
         " ".join("%s=%d" % (k, v[0]) for k, v in sorted(ents.items())))
 
 
@@ -526,23 +623,49 @@ def services_up():
         raise RuntimeError("labsvc exited (rc %s); see %s" % (proc.returncode, os.path.join(SVC, "labsvc.log")))
 
 
+def extra_nodes_recorded():
+    """The nodes other than kpro5 that have anything of theirs recorded or a netns left (``down`` ends them)."""
+    out = []
+    cur = NODE_NAME
+    for name in NODE_ORDER[1:]:
+        use_node(name)
+        if recorded() or os.path.exists("/run/netns/" + NETNS):
+            out.append(name)
+    use_node(cur)
+    return out
+
+
+def healthy_nodes(nodes):
+    cur, ok = NODE_NAME, True
+    for name in NODE_ORDER[:nodes]:
+        use_node(name)
+        ok = ok and bool(recorded()) and healthy()
+    use_node(cur)
+    return ok
+
+
 def cmd_up(args):
     if os.geteuid() != 0:
         raise SystemExit("labctl: must run as root")
     if getattr(args, "nouveau", False):
         os.environ["KPGS_LAB_NOUVEAU"] = "1"
-    if recorded() and healthy():
-        print(summary())
+    nodes = getattr(args, "nodes", None) or 1
+    if nodes not in (1, 2):
+        raise SystemExit("labctl: --nodes is 1 or 2")
+    use_node("kpro5")
+    layout_ok = multi_node() == (nodes > 1) and (nodes > 1 or not extra_nodes_recorded())
+    if layout_ok and healthy_nodes(nodes):
+        print(summary_all(nodes))
         return 0
-    if recorded() or os.path.exists("/run/netns/" + NETNS):
-        log("the lab is partly up: stopping it first (disk kept)")
+    if recorded() or os.path.exists("/run/netns/" + NETNS) or multi_node() or extra_nodes_recorded():
+        log("the lab is partly up or has another number of nodes: stopping it first (disk kept)")
         cmd_down(argparse.Namespace(keep_disk=True))
     t0 = time.time()
     ensure_packages()
     for variant in rootfs_cache.VARIANTS:
         rootfs_cache.ensure_rootfs(variant, log)
     os.makedirs(PIDS, exist_ok=True)
-    ensure_keys()
+    ensure_keys(nodes)
     if fresh_upper():
         log("fresh node: seeding %s" % os.path.relpath(UPPER))
         seed_upper()
@@ -552,43 +675,78 @@ def cmd_up(args):
     run_build_scripts()
     apt_mirror()
     lab_locks()
+    if nodes > 1:
+        lan_up()
     netns_up()
+    try:
+        boot_node(first=True)
+        for name in NODE_ORDER[1:nodes]:
+            use_node(name)
+            t1 = time.time()
+            os.makedirs(PIDS, exist_ok=True)
+            if fresh_upper():
+                log("fresh node %s: seeding %s" % (name, os.path.relpath(UPPER)))
+                seed_upper()
+            else:
+                refresh_fakes(UPPER)
+            install_access(UPPER)
+            run_build_scripts()
+            netns_up()
+            boot_node(first=False)
+            log("%s up (%.1fs)" % (name, time.time() - t1))
+        use_node("kpro5")
+    except Exception as e:
+        use_node("kpro5")
+        log("up failed: %s" % e)
+        cmd_down(argparse.Namespace(keep_disk=True))
+        return 1
+    print(summary_all(nodes) + " (%.1fs)" % (time.time() - t0))
+    return 0
+
+
+def summary_all(nodes):
+    cur, out = NODE_NAME, []
+    for name in NODE_ORDER[:nodes]:
+        use_node(name)
+        out.append(summary())
+    use_node(cur)
+    return "\n".join(out)
+
+
+def boot_node(first):
+    """Start the current node's init (its namespaces, overlay, /sys, sshd, services) and boot it; the first node
+    also starts the controller-side lab services."""
     for stale in ("ns-map.json",):
         if os.path.exists(os.path.join(PIDS, stale)):
             os.unlink(os.path.join(PIDS, stale))
     os.makedirs(NODE, exist_ok=True)
     logf = open(os.path.join(NODE, "init.log"), "ab")
+    node_arg = [] if NODE_NAME == "kpro5" else ["--node", NODE_NAME]
     proc = subprocess.Popen(["ip", "netns", "exec", NETNS, "unshare", "--mount", "--pid", "--uts", "--ipc", "--fork",
-                             "--propagation", "private", sys.executable, os.path.abspath(__file__), "_init"],
+                             "--propagation", "private", sys.executable, os.path.abspath(__file__)] + node_arg + ["_init"],
                             stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, cwd="/")
     record("supervisor", proc.pid)
-    try:
-        _wait_for(lambda: os.path.exists(os.path.join(PIDS, "ns-map.json")) or proc.poll() is not None, 60, "the node's init")
-        if proc.poll() is not None:
-            raise RuntimeError("the node's init exited (rc %s); see %s" % (proc.returncode, os.path.join(NODE, "init.log")))
-        kids = children(proc.pid)
-        if not kids:
-            raise RuntimeError("no init process under the supervisor")
-        init = kids[0]
-        record("init", init)
-        roles = json.load(open(os.path.join(PIDS, "ns-map.json")))
-        byns = {nspid(p): p for p in descendants(init)}
-        for role, npid in roles.items():
-            if npid in byns:
-                record(role, byns[npid])
-        _wait_for(ssh_ok, 30, "ssh on %s" % NODE_IP)
+    _wait_for(lambda: os.path.exists(os.path.join(PIDS, "ns-map.json")) or proc.poll() is not None, 60, "the node's init")
+    if proc.poll() is not None:
+        raise RuntimeError("the node's init exited (rc %s); see %s" % (proc.returncode, os.path.join(NODE, "init.log")))
+    kids = children(proc.pid)
+    if not kids:
+        raise RuntimeError("no init process under the supervisor")
+    init = kids[0]
+    record("init", init)
+    roles = json.load(open(os.path.join(PIDS, "ns-map.json")))
+    byns = {nspid(p): p for p in descendants(init)}
+    for role, npid in roles.items():
+        if npid in byns:
+            record(role, byns[npid])
+    _wait_for(ssh_ok, 30, "ssh on %s" % NODE_IP)
+    if first:
         services_up()
-        apt_update()
-        register_stock_kernels()
-        # a power-on of the kept disk: /dev is a fresh tmpfs; the enabled units (the device-node unit) run
-        boot_userspace("units")
-        start_guests()
-    except Exception as e:
-        log("up failed: %s" % e)
-        cmd_down(argparse.Namespace(keep_disk=True))
-        return 1
-    print(summary() + " (%.1fs)" % (time.time() - t0))
-    return 0
+    apt_update()
+    register_stock_kernels()
+    # a power-on of the kept disk: /dev is a fresh tmpfs; the enabled units (the device-node unit) run
+    boot_userspace("units")
+    start_guests()
 
 
 def _kill_wait(pids, sig, timeout):
@@ -607,6 +765,20 @@ def _kill_wait(pids, sig, timeout):
 
 
 def cmd_down(args):
+    """Everything the lab started, ended by PID, and every kpgs-* thing it made removed: the extra nodes first,
+    then kpro5, the lab services and the two-node segment."""
+    cur = NODE_NAME
+    for name in reversed(extra_nodes_recorded()):
+        use_node(name)
+        down_node(args)
+    use_node("kpro5")
+    try:
+        return down_node(args)
+    finally:
+        use_node(cur)
+
+
+def down_node(args):
     ents = recorded()
     init = ents.get("init")
     sup = ents.get("supervisor")
@@ -625,6 +797,13 @@ def cmd_down(args):
     if not _kill_wait(list(ents.values()), signal.SIGKILL, 10):
         raise SystemExit("labctl: processes still alive: %s" % left)
     netns_down()
+    if NODE_NAME != "kpro5":
+        for p in ((PIDS, WORK, MERGED, FUSEDIR) if getattr(args, "keep_disk", False) else (NODE,)):
+            shutil.rmtree(p, ignore_errors=True)
+        if ents:
+            print("%s down" % NODE_NAME)
+        return 0
+    lan_down()
     if getattr(args, "keep_disk", False):
         for p in (PIDS, SSHDIR, WORK, MERGED, FUSEDIR):
             shutil.rmtree(p, ignore_errors=True)
@@ -639,7 +818,8 @@ def cmd_status(args):
     if recorded() and healthy():
         print(summary())
         return 0
-    print("kpro5 down" if not recorded() else "kpro5 unhealthy: %s" % {k: alive_ours(*v) for k, v in recorded().items()})
+    print("%s down" % NODE_NAME if not recorded() else "%s unhealthy: %s" % (
+        NODE_NAME, {k: alive_ours(*v) for k, v in recorded().items()}))
     return 3
 
 
@@ -839,11 +1019,15 @@ def cmd_reset(args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="labctl.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--node", choices=NODE_ORDER, default="kpro5",
+                    help="the node that status, root, exec and the node commands act on (kpro7: the second node of up --nodes 2)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("up", "reset"):
         p = sub.add_parser(name)
         p.add_argument("--nouveau", action="store_true",
                        help="a fresh node whose modprobe.d does not blacklist nouveau (seed.py, KPGS_LAB_NOUVEAU)")
+        p.add_argument("--nodes", type=int, default=1, choices=(1, 2),
+                       help="2: a second node kpro7 (10.213.5.3, CT 131) next to kpro5, on the lab's own bridge")
     p = sub.add_parser("down")
     p.add_argument("--keep-disk", action="store_true", help="keep .run/kpro5/upper (the node's disk)")
     sub.add_parser("status")
@@ -869,6 +1053,10 @@ def main(argv=None):
     p.add_argument("major", nargs="?", type=int)
     sub.add_parser("_init")
     args = ap.parse_args(argv)
+    if args.node != "kpro5":
+        if args.cmd in ("up", "reset", "down", "rebuild"):
+            raise SystemExit("labctl: %s acts on the whole lab (no --node)" % args.cmd)
+        use_node(args.node)
     if args.cmd == "_init":
         node_init()
         return 0

@@ -99,23 +99,32 @@ LINKS = {
 }
 
 
-def files():
+def files(node=None, addr=None, vmid=None):
     """FILES, or with ``KPGS_LAB_NOUVEAU=1`` a host that does not blacklist nouveau (udev then loads it at boot
-    next to vfio-pci, and it takes the A6000s at the first probe after their release)."""
+    next to vfio-pci, and it takes the A6000s at the first probe after their release). ``node``/``addr``/``vmid``:
+    another lab node (labctl up --nodes 2), the same host under its own name, address and container ID."""
     out = dict(FILES)
+    if node:
+        out = {_renamed(k, node, addr, vmid): _renamed(v, node, addr, vmid) for k, v in out.items()}
     if os.environ.get("KPGS_LAB_NOUVEAU") == "1":
         rel = "etc/modprobe.d/blacklist-gpu.conf"
         out[rel] = "".join(line for line in out[rel].splitlines(True) if line != "blacklist nouveau\n")
     return out
 
 
-def seed_files(root):
-    for rel, text in files().items():
+def _renamed(text, node, addr, vmid):
+    text = text.replace("kpro5", node).replace("10.213.5.2 ", addr + " ")
+    return text.replace("129", vmid) if vmid else text
+
+
+def seed_files(root, node=None, addr=None, vmid=None):
+    for rel, text in files(node, addr, vmid).items():
         path = os.path.join(root, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             f.write(text)
     for rel, target in LINKS.items():
+        target = target.replace("kpro5", node) if node else target
         path = os.path.join(root, rel)
         if not os.path.lexists(path):
             os.symlink(target, path)
@@ -124,24 +133,28 @@ def seed_files(root):
         pass
 
 
-def seed_state(root):
+def seed_state(root, node=None, vmid=None):
     """The initial state: hardware, kernels installed (with initramfs/ESP as last refreshed), then a first boot."""
     st = labstate.initial_state()
+    if node:
+        st["node"] = node
+    if vmid:
+        st["guests"][vmid] = st["guests"].pop("129")
     labstate.initramfs_update(st, root, st["kernel"]["installed"])
     labstate.boot_refresh(st, root)
     labstate.update_grub(st, root)
     labstate.boot(st, root)
     # The boot stops every guest; kpro5 was running VM 105 and CT 129 when we found it.
     st["guests"]["105"]["status"] = "running"
-    st["guests"]["129"]["status"] = "running"
+    st["guests"][vmid or "129"]["status"] = "running"
     with labstate.locked(root):
         labstate.save(st, root)
     return st
 
 
-def seed(root):
-    seed_files(root)
-    return seed_state(root)
+def seed(root, node=None, addr=None, vmid=None):
+    seed_files(root, node, addr, vmid)
+    return seed_state(root, node, vmid)
 
 
 if __name__ == "__main__":
