@@ -53,7 +53,7 @@ def _cond(when):
 
 def _playbook():
     main, rollback = _tasks("main.yml"), _tasks("rollback.yml")
-    gate = _one(main, "kpro.gpu_serving.sglang_gate")
+    gate = [t for t in main if "kpro.gpu_serving.sglang_gate" in t and "async" in t][0]   # the wait (the look before it never fails)
     record = _one(main, "kpro.gpu_serving.sglang_deployment", state="recorded")
     include = _one(main, "ansible.builtin.include_tasks")
     restored = _one(rollback, "kpro.gpu_serving.sglang_gate")
