@@ -123,8 +123,9 @@ good:
   type: dict
 recorded:
   description:
-    - O(state=checked) - whether the record already holds the wanted deployment as the good one, with no failure of it
-      (O(state=recorded) of it would change nothing): a run whose gate passes needs no second call to record it.
+    - With O(state=checked), whether the record already holds the wanted deployment as the good one, with no failure of
+      it, so that O(state=recorded) of it would change nothing. A run whose gate passes then needs no second call to
+      record it.
   returned: with state=checked
   type: bool
 changes:
