@@ -13,14 +13,13 @@ resolved by Ansible itself (as test_sglang_server_rollback_role does): no lab, n
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import subprocess
 import sys
 
 import pytest
 import yaml
+
+from ansible_collections.kpro.gpu_serving.tests.unit.roles.resolve import resolve
 
 TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
@@ -124,19 +123,7 @@ def _run(tmp, *args):
                               "release_look": RELEASE["converged"][1], "release_ran": False}
     for n, (dlook, rlook, ran) in RELEASE.items():
         hosts["host_" + n] = {"look_result": None, "restarted": True, "driver_look": dlook, "release_look": rlook, "release_ran": ran}
-    inv = {"all": {"vars": {"ansible_connection": "local"}, "hosts": hosts}}
-    (tmp / "inventory.json").write_text(json.dumps(inv))
-    (tmp / "play.json").write_text(json.dumps(_playbook()))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(TOP, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="default",
-               ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_LOCAL_TEMP=str(tmp / "ansible-tmp"))
-    p = subprocess.run([PLAYBOOK, "-i", str(tmp / "inventory.json"), str(tmp / "play.json")] + list(args),
-                       cwd=TOP, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
-    out = dict((h, {}) for h in hosts)
-    for m in re.finditer(r'^ok: \[(\w+)\] => \{\s*"msg": "(WIRED|KEPT) (.*)"$', p.stdout, re.M):
-        out[m.group(1)][m.group(2)] = json.loads(json.loads('"%s"' % m.group(3)))
-    assert all(len(got) == 2 for got in out.values()), p.stdout[-4000:]
-    return out
+    return resolve(tmp, hosts, _playbook(), ("WIRED", "KEPT"), *args)
 
 
 @pytest.fixture(scope="module")
