@@ -121,6 +121,13 @@ good:
   description: The recorded deployment that last passed the gate (after O(state=recorded), the wanted one).
   returned: success
   type: dict
+recorded:
+  description:
+    - With O(state=checked), whether the record already holds the wanted deployment as the good one, with no failure of
+      it, so that O(state=recorded) of it would change nothing. A run whose gate passes then needs no second call to
+      record it.
+  returned: with state=checked
+  type: bool
 changes:
   description: What differs between the good deployment and the wanted one.
   returned: with service
@@ -166,6 +173,7 @@ def run(module, result, record):
     result.update(deployment=wanted, signature=dp.signature(wanted), good=record.get("good"),
                   changes=dp.changes(record.get("good") or {}, wanted) if record.get("good") else [])
     if p["state"] == "checked":
+        result["recorded"] = dp.record_good(record, wanted) == record   # state=recorded's own step, not a copy of it
         return record, dp.fail_fast(record, wanted, p["retry"])
     if p["state"] == "recorded":
         return dp.record_good(record, wanted), None

@@ -45,3 +45,24 @@ def test_readme_names_every_tag():
     tags = set(t for _role, ts in _roles_and_tags() for t in ts) - {"always"}
     missing = [t for t in sorted(tags) if "`%s`" % t not in readme]
     assert not missing, "tags the README does not name: %s" % missing
+
+
+def test_a_dynamic_stage_applies_its_tags_to_its_tasks():
+    """A stage of the rollout is included (include_role, so the other host evaluates one task, not the whole role): the
+    include's own tags select the include only; `apply` gives them to every task of the role, so that --tags serve or
+    --tags container still run the stage's tasks, as the import did. The include is also tagged always (its role's
+    argument check runs under any tag, as with the import). `public` exposes its defaults to the later stages."""
+    with open(PLAYBOOK) as f:
+        plays = yaml.safe_load(f)
+    rollout = [p for p in plays if p["hosts"] == "kpro_rollout"]
+    assert len(rollout) == 1
+    stages = [t for t in rollout[0]["tasks"][0]["block"] if "ansible.builtin.include_role" in t]
+    assert [s["ansible.builtin.include_role"]["name"].rsplit(".", 1)[1] for s in stages] == [
+        "gpu_host", "lxc_gpu", "gpu_container", "sglang_install", "model", "sglang_server"]
+    for stage in stages:
+        inc = stage["ansible.builtin.include_role"]
+        # the include is also tagged always, so every stage's argument check runs under any tag, as with the import
+        assert inc.get("apply", {}).get("tags") == [t for t in stage["tags"] if t != "always"] and "always" in stage["tags"], inc["name"]
+        assert inc.get("public") is True, inc["name"]
+        assert "when" in stage, inc["name"]
+    assert not [t for t in rollout[0]["tasks"][0]["block"] if "ansible.builtin.import_role" in t]

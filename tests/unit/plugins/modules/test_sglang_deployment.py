@@ -55,7 +55,23 @@ def test_record_is_idempotent_and_check_mode_writes_nothing(host):
     first = call(tmp, state="recorded", service=service(v), model_revision="main")
     assert first["changed"] is True and first["good"]["lock_sha256"] == OLD and "api_key" not in first["good"]["service"]
     assert call(tmp, state="recorded", service=service(v), model_revision="main")["changed"] is False
-    assert call(tmp, state="checked", service=service(v), model_revision="main")["changed"] is False
+    checked = call(tmp, state="checked", service=service(v), model_revision="main")
+    assert checked["changed"] is False and checked["recorded"] is True     # the role skips the record then
+    assert call(tmp, state="checked", service=service(v), model_revision="other")["recorded"] is False
+
+
+def test_checked_says_recorded_only_when_recording_would_change_nothing(host):
+    tmp, v = host
+    assert call(tmp, state="checked", service=service(v))["recorded"] is False          # nothing recorded yet
+    call(tmp, state="recorded", service=service(v))
+    assert call(tmp, state="checked", service=service(v))["recorded"] is True
+    assert call(tmp, state="checked", service=service(v, port=30001))["recorded"] is False
+    res = call(tmp, state="failed", service=service(v, port=30001), diagnosis=DIAG, venvs_dir=str(tmp / "venvs"))
+    call(tmp, state="rolled_back", diagnosis=DIAG, good=res["good"], failed_at=res["failed_at"], restored_gate={"phase": "ready"},
+         deployment=res["deployment"])
+    # a retry of the failed deployment: recording it (once it passes) forgets the failure, so it is not "recorded"
+    assert call(tmp, state="checked", service=service(v, port=30001), retry=True)["recorded"] is False
+    assert call(tmp, state="checked", service=service(v))["recorded"] is True
 
 
 def test_a_failed_venv_change_restores_the_kept_venv_then_the_same_change_fails_fast(host):

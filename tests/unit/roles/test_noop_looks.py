@@ -1,0 +1,152 @@
+# -*- coding: utf-8 -*-
+# Copyright: kpro.gpu_serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The read-only looks that spare the idempotent re-run its long waits (issue 17), read from the roles' tasks files and
+resolved by Ansible itself (as test_sglang_server_rollback_role does): no lab, no module runs.
+
+- The serve stage: a server this run did not restart is looked at once in the foreground (the gate's own module and
+  arguments, a timeout of 1 s); the background wait, polled every sglang_server_gate_poll, runs only when the look did
+  not pass, and its result is the one the rollback, the summary and the record read.
+- The gpu_host stage: the installer is copied and verified unless the driver look found nothing to do and the release
+  will not run; the look is the install's own arguments; after a release the driver is looked at again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import yaml
+
+from ansible_collections.kpro.gpu_serving.tests.unit.roles.resolve import resolve
+
+TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+ROLES = os.path.join(TOP, "roles")
+
+pytestmark = pytest.mark.skipif(not os.access(PLAYBOOK, os.X_OK), reason="needs the checkout's .venv (ansible-playbook)")
+
+
+def _tasks(role, name):
+    with open(os.path.join(ROLES, role, "tasks", name)) as f:
+        return list(yaml.safe_load(f))
+
+
+def _named(tasks, start):
+    return [t for t in tasks if t.get("name", "").startswith(start)][0]
+
+
+def _expr(when):
+    return "{{ (%s) | bool }}" % (" and ".join("(%s)" % w for w in when) if isinstance(when, list) else when)
+
+
+def _gate_tasks():
+    main = _tasks("sglang_server", "main.yml")
+    gates = [t for t in main if "kpro.gpu_serving.sglang_gate" in t]
+    keep = _named(main, "Keep the gate's result")
+    return gates, keep
+
+
+def test_the_look_is_the_gates_own_call_with_a_short_timeout():
+    (look, wait), _keep = _gate_tasks()
+    assert look["kpro.gpu_serving.sglang_gate"] == wait["kpro.gpu_serving.sglang_gate"]     # the same arguments
+    assert look["kpro.gpu_serving.sglang_gate"]["timeout"] == "{{ sglang_server__gate_wait_s }}"
+    assert look["vars"] == {"sglang_server__gate_wait_s": 1} and "async" not in look and look["failed_when"] is False
+    assert wait["vars"] == {"sglang_server__gate_wait_s": "{{ sglang_server_gate_timeout }}"}
+    # the background wait is polled every sglang_server_gate_poll, whether or not this run restarted the server
+    assert wait["poll"] == "{{ sglang_server_gate_poll }}"
+    assert "ignore_errors" not in look
+
+
+def test_the_driver_look_is_the_installs_own_call():
+    fetch, driver = _tasks("gpu_host", "fetch.yml"), _tasks("gpu_host", "driver.yml")
+    look = fetch[0]
+    relook, install = driver[0], driver[1]
+    for t in (look, relook, install):
+        assert t["args"] == "{{ gpu_host__driver_args }}" and t["kpro.gpu_serving.nvidia_driver"] is None
+    assert look["check_mode"] is True and relook["check_mode"] is True and "async" in install
+    for t in fetch[1:]:
+        assert "gpu_host__installer_needed" in t["when"], t["name"]
+
+
+SCENARIOS = {
+    # name: (the look's result (None: skipped), restarted, check mode)
+    "restarted": (None, True),
+    "ready": ({"changed": False, "failed": False, "phase": "ready", "time_to_ready_s": 3.0}, False),
+    "loading": ({"changed": False, "failed": False, "phase": "timeout", "msg": "did not become ready"}, False),
+    "failing": ({"changed": False, "failed": False, "failed_when_result": False, "phase": "oom"}, False),
+}
+RELEASE = {
+    # name: (driver look, release look, release ran)
+    "converged": ({"would_change": False}, {"would_change": False, "reboot_required": False}, False),
+    "driver": ({"would_change": True}, {"would_change": False, "reboot_required": False}, False),
+    "look_failed": ({"failed": False, "msg": "no nvml"}, {"would_change": False, "reboot_required": False}, False),
+    "release": ({"would_change": False}, {"would_change": True, "reboot_required": False}, True),
+    "reboot": ({"would_change": False}, {"would_change": False, "reboot_required": True}, True),
+    "check_mode": (None, {"would_change": False, "reboot_required": False}, False),
+}
+SKIPPED = {"changed": False, "skipped": True, "skip_reason": "Conditional result was False"}
+WAITED = {"changed": False, "failed": False, "phase": "ready", "waited_s": 40.0}
+
+
+def _playbook():
+    (look, wait), keep = _gate_tasks()
+    fetch, driver = _tasks("gpu_host", "fetch.yml"), _tasks("gpu_host", "driver.yml")
+    relook, install = driver[0], driver[1]
+    wanted = {"wait": _expr(wait["when"]), "look": _expr(look["when"])}
+    kept = keep["ansible.builtin.set_fact"]["sglang_server_gate"]
+    tasks = [
+        {"name": "load", "ansible.builtin.include_vars": {"file": os.path.join(ROLES, "gpu_host", "vars", "main.yml")}},
+        {"name": "scenario", "ansible.builtin.set_fact": {
+            "sglang_server_service": {"restarted": "{{ restarted }}"},
+            "sglang_server__gate_look": "{{ look_result if look_result is not none else skipped }}",
+            "gpu_host__driver_look": "{{ driver_look if driver_look is not none else skipped }}",
+            "gpu_host__release_look": "{{ release_look }}",
+            "gpu_host_release": "{{ {'changed': true} if release_ran else skipped }}",
+            "gpu_host__driver_relook": "{{ {'would_change': true} if release_ran else skipped }}"}},
+        {"name": "resolve", "ansible.builtin.debug": {"msg": "WIRED {{ resolved | to_json }}"},
+         "vars": {"resolved": dict(wanted, fetch=_expr(fetch[1]["when"].replace("gpu_host_driver_src | length > 0 and ", "")),
+                                   relook=_expr(relook["when"]), install=_expr(install["when"]))}},
+        {"name": "the wait", "ansible.builtin.set_fact": {"sglang_server__gate_wait": "{{ waited if wanted_wait else skipped }}"},
+         "vars": {"wanted_wait": wanted["wait"]}},
+        {"name": "resolve kept", "ansible.builtin.debug": {"msg": "KEPT {{ resolved | to_json }}"}, "vars": {"resolved": kept}},
+    ]
+    return [{"hosts": "all", "gather_facts": False, "vars": {"skipped": SKIPPED, "waited": WAITED, "sglang_server_state": "started"},
+             "tasks": tasks}]
+
+
+def _run(tmp, *args):
+    hosts = {}
+    for n, (look, restarted) in SCENARIOS.items():
+        hosts["gate_" + n] = {"look_result": look, "restarted": restarted, "driver_look": None,
+                              "release_look": RELEASE["converged"][1], "release_ran": False}
+    for n, (dlook, rlook, ran) in RELEASE.items():
+        hosts["host_" + n] = {"look_result": None, "restarted": True, "driver_look": dlook, "release_look": rlook, "release_ran": ran}
+    return resolve(tmp, hosts, _playbook(), ("WIRED", "KEPT"), *args)
+
+
+@pytest.fixture(scope="module")
+def resolved(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("run"))
+
+
+def test_the_gate_waits_only_when_the_look_did_not_pass(resolved):
+    assert resolved["gate_restarted"]["WIRED"]["look"] is False and resolved["gate_restarted"]["WIRED"]["wait"] is True
+    assert resolved["gate_ready"]["WIRED"]["look"] is True and resolved["gate_ready"]["WIRED"]["wait"] is False
+    for name in ("loading", "failing"):   # a loading or failing server: the wait decides and reports
+        assert resolved["gate_" + name]["WIRED"]["look"] is True and resolved["gate_" + name]["WIRED"]["wait"] is True
+    # what the rollback, the summary and the record read: the look's result when it passed, else the wait's
+    assert resolved["gate_ready"]["KEPT"]["phase"] == "ready" and resolved["gate_ready"]["KEPT"]["time_to_ready_s"] == 3.0
+    for name in ("restarted", "loading", "failing"):
+        assert resolved["gate_" + name]["KEPT"] == WAITED
+
+
+def test_the_installer_is_fetched_unless_nothing_is_to_do(resolved):
+    got = dict((n, resolved["host_" + n]["WIRED"]) for n in RELEASE)
+    assert got["converged"]["fetch"] is False and got["converged"]["install"] is False and got["converged"]["relook"] is False
+    for name in ("driver", "look_failed", "release", "reboot", "check_mode"):
+        assert got[name]["fetch"] is True, name
+    assert got["driver"]["install"] is True and got["look_failed"]["install"] is True
+    # after a release the driver is looked at again, and that look decides
+    assert got["release"]["relook"] is True and got["release"]["install"] is True
