@@ -123,5 +123,8 @@ def test_a_failed_build_says_why_when_the_log_has_the_compilers_words():
     assert il.build_failure(read("module_in_use_apollo_6308.log")) is None
     headers = il.build_failure("\n".join(body(make_log("headers_missing_it87_4.log"))))
     assert headers["summary"] == "no kernel headers for kernel 6.8.12-2-pve" and "proxmox-headers-6.8.12-2-pve" in headers["remedy"]
+    # gcc outside the C locale quotes with U+2018/U+2019, as the published log did
+    typographic = "nv-caps.c:598:5: error: implicit declaration of function \u2018sys_close\u2019 [-Werror]"
+    assert il.build_failure(typographic)["summary"].endswith("(its API changed: sys_close)")
     clang = il.build_failure("\n".join(body(make_log("compiler_mismatch_pop_os_3117.log"))))
     assert clang["summary"] == "the compiler (cc) is not the one the kernel was built with (x86_64-linux-gnu-gcc-12)"
