@@ -79,21 +79,39 @@ BUILD_CAUSES = [
      "install the compiler the kernel was built with and make it `cc` (`cat /proc/version` names it; Proxmox VE 8's "
      "kernels: gcc 12 of bookworm, the build-essential package), then run the play again"),
     ("kernel_api_changed", r"error: implicit declaration of function [`'\u2018]?(\w+)|"
-                           r"error: too (?:few|many) arguments to function [`'\u2018]?(\w+)",
-     "the driver's source does not build against this kernel (its API changed: {0}{1})",
+                           r"error: too (?:few|many) arguments to function [`'\u2018]?(\w+)|"
+                           r"error: [`'\u2018]?([\w ]+?)[`'\u2019]? has no member named|"
+                           r"modpost: [`'\"\u2018]?(\w+)[`'\"\u2019]? \[[^\]]+\] undefined!",
+     "the driver's source does not build against this kernel (its API changed: {0}{1}{2}{3})",
      "this driver release is older than the kernel: choose a newer gpu_host_driver_version (a branch that supports "
      "the kernel), or pin a kernel it supports (`proxmox-boot-tool kernel pin <kernel>`) and reboot"),
     ("headers_missing", r"/lib/modules/([^/\s]+)/build: No such file or directory",
      "no kernel headers for kernel {0}",
      "install proxmox-headers-{0} (pve-headers-{0} before PVE 8), then run the play again"),
-    # the kernel Makefile's warning (scripts/Makefile.compiler's check in kernels 5.16+): only a hint, so tried last
-    ("compiler_mismatch", r"the compiler differs from the one used to build the kernel\s+The kernel was built by: (\S+)"
-                          r".{0,200}?You are using: +(\S+)",
+    # the kernel Makefile's warning: printed by successful builds too whenever the version strings differ at all
+    # (12.2.0-14 and 12.2.0-14+deb12u1), so a cause only when the compiler's family or major version differs
+    ("compiler_mismatch", r"the compiler differs from the one used to build the kernel\s+The kernel was built by: (.+?)"
+                          r"\s+You are using: +(.+?)(?=\s+make\b|\s+\S+: |$)",
      "the compiler ({1}) is not the one the kernel was built with ({0})",
      "install the compiler the kernel was built with and make it `cc` (Proxmox VE 8's kernels: gcc 12 of bookworm, the "
      "build-essential package), then run the play again"),
 ]
 _BUILD = [(c, re.compile(p), s, r) for c, p, s, r in BUILD_CAUSES]
+
+
+def _compiler_kind(text):
+    """("clang" or "gcc", major version) of a compiler's version string."""
+    m = re.search(r"(\d+)\.\d+", text)
+    return ("clang" if "clang" in text else "gcc", m.group(1) if m else None)
+
+
+def _accepted(cause, m):
+    """Whether a match names a cause: the compiler warning only when the two compilers really differ."""
+    if cause == "compiler_mismatch" and m.re.groups == 2:
+        return _compiler_kind(m.group(1)) != _compiler_kind(m.group(2))
+    return True
+
+
 _ERROR_RE = re.compile(r"^ERROR: (?!Installation has failed)(.+)")
 
 
@@ -124,7 +142,7 @@ def _fill(template, match):
 def _first_match(table, lines, flat, starts, max_evidence):
     for cause, rx, summary, remedy in table:
         m = rx.search(flat)
-        if m:
+        if m and _accepted(cause, m):
             first = bisect.bisect_right(starts, m.start()) - 1
             last = bisect.bisect_right(starts, max(m.end() - 1, m.start())) - 1
             evidence = [ln for ln in lines[first:last + 1] if ln][:max_evidence]

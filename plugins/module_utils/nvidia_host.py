@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import time
 
 from ansible.module_utils.urls import fetch_url
 
@@ -154,10 +155,11 @@ class Driver(object):
         path = self.installer()
         args = ni.installer_args(mode, self.p["kernel_module_type"], self.p["dkms"], kernel,
                                  self.p["module_signing_key"], self.p["module_signing_cert"])
+        started = time.time()
         rc, out, err = self.run(["sh", path] + args)
         self.changed = True
         if rc != 0:
-            self.installer_failed(rc, out, err)
+            self.installer_failed(rc, out, err, started)
 
     def dkms_failed(self, kernel, rc, out, err):
         """Fail with why DKMS could not build the module (the compiler's words in its make.log), else DKMS's words."""
@@ -167,9 +169,12 @@ class Driver(object):
             self.version, kernel, rc, why["summary"]), remedy=why["remedy"], evidence=why["evidence"],
             failure="installer_failed", make_log_tail=make_log.rstrip("\n").splitlines()[-20:])
 
-    def installer_failed(self, rc, out, err):
-        """Fail with why the installer failed (installer_log reads its output and the end of its log), else its words."""
-        log = (read_text(INSTALLER_LOG) or "").strip().splitlines()
+    def installer_failed(self, rc, out, err, started=0):
+        """Fail with why the installer failed (installer_log reads its output and the end of its log), else its words.
+        The log is read only when this run wrote it: a wrapper that failed before nvidia-installer started (noexec or
+        full /tmp) leaves an earlier run's log, whose cause is not this one's."""
+        fresh = os.path.exists(INSTALLER_LOG) and os.stat(INSTALLER_LOG).st_mtime >= started - 1
+        log = (read_text(INSTALLER_LOG) or "").strip().splitlines() if fresh else []
         why = installer_log.diagnose("\n".join([err or "", out or ""] + log[-400:]))
         said = "%s (%s)" % (why["summary"], why["cause"]) if why["cause"] else (err or out).strip()
         raise Failure("installer_failed", "The NVIDIA installer failed (rc=%d): %s" % (rc, said), remedy=why["remedy"],

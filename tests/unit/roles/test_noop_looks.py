@@ -95,7 +95,7 @@ def _playbook():
     fetch, driver = _tasks("gpu_host", "fetch.yml"), _tasks("gpu_host", "driver.yml")
     relook, install = driver[0], driver[1]
     wanted = {"wait": _expr(wait["when"]), "look": _expr(look["when"])}
-    kept = keep["ansible.builtin.set_fact"]["sglang_server_gate"]
+    assert wait["register"] == "sglang_server_gate"   # a failed wait that is not ignored stays readable as the result
     tasks = [
         {"name": "load", "ansible.builtin.include_vars": {"file": os.path.join(ROLES, "gpu_host", "vars", "main.yml")}},
         {"name": "scenario", "ansible.builtin.set_fact": {
@@ -108,9 +108,10 @@ def _playbook():
         {"name": "resolve", "ansible.builtin.debug": {"msg": "WIRED {{ resolved | to_json }}"},
          "vars": {"resolved": dict(wanted, fetch=_expr(fetch[1]["when"].replace("gpu_host_driver_src | length > 0 and ", "")),
                                    relook=_expr(relook["when"]), install=_expr(install["when"]))}},
-        {"name": "the wait", "ansible.builtin.set_fact": {"sglang_server__gate_wait": "{{ waited if wanted_wait else skipped }}"},
+        {"name": "the wait", "ansible.builtin.set_fact": {"sglang_server_gate": "{{ waited if wanted_wait else skipped }}"},
          "vars": {"wanted_wait": wanted["wait"]}},
-        {"name": "resolve kept", "ansible.builtin.debug": {"msg": "KEPT {{ resolved | to_json }}"}, "vars": {"resolved": kept}},
+        dict(keep),   # the role's own task, its condition included
+        {"name": "resolve kept", "ansible.builtin.debug": {"msg": "KEPT {{ sglang_server_gate | to_json }}"}},
     ]
     return [{"hosts": "all", "gather_facts": False, "vars": {"skipped": SKIPPED, "waited": WAITED, "sglang_server_state": "started"},
              "tasks": tasks}]

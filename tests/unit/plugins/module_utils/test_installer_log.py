@@ -127,4 +127,20 @@ def test_a_failed_build_says_why_when_the_log_has_the_compilers_words():
     typographic = "nv-caps.c:598:5: error: implicit declaration of function \u2018sys_close\u2019 [-Werror]"
     assert il.build_failure(typographic)["summary"].endswith("(its API changed: sys_close)")
     clang = il.build_failure("\n".join(body(make_log("compiler_mismatch_pop_os_3117.log"))))
-    assert clang["summary"] == "the compiler (cc) is not the one the kernel was built with (x86_64-linux-gnu-gcc-12)"
+    assert clang["summary"] == ("the compiler (cc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0) is not the one the kernel was built "
+                                "with (x86_64-linux-gnu-gcc-12 (Ubuntu 12.3.0-1ubuntu1~22.04) 12.3.0)")
+
+
+def test_the_kernels_compiler_warning_is_a_cause_only_when_the_compilers_really_differ():
+    # printed by successful builds too when only the Debian revision differs: then the real error decides
+    warning = ("warning: the compiler differs from the one used to build the kernel\n"
+               "  The kernel was built by: gcc (Debian 12.2.0-14) 12.2.0\n"
+               "  You are using:           gcc (Debian 12.2.0-14+deb12u1) 12.2.0\n")
+    api = "nvidia-drm/nvidia-drm-drv.c:1: error: 'struct drm_driver' has no member named 'date'\n"
+    assert il.build_failure(warning) is None
+    assert il.build_failure(warning + api)["cause"] == "kernel_api_changed"
+    assert il.build_failure(warning + api)["summary"].endswith("(its API changed: struct drm_driver)")
+    modpost = 'ERROR: modpost: "drm_gem_prime_fd_to_handle" [nvidia-drm.ko] undefined!\n'
+    assert il.build_failure(modpost)["summary"].endswith("(its API changed: drm_gem_prime_fd_to_handle)")
+    other_major = warning.replace("gcc (Debian 12.2.0-14+deb12u1) 12.2.0", "gcc (Debian 14.2.0-19) 14.2.0")
+    assert il.build_failure(other_major)["cause"] == "compiler_mismatch"

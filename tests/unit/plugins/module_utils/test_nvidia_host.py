@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_host as nh
@@ -83,6 +85,11 @@ def test_installer_failure_says_why_from_its_output_and_its_log(monkeypatch, tmp
     assert "GPU 0000:41:00.0 is bound to vfio-pci" in e.msg and "release the GPUs from vfio-pci" in e.remedy
     assert e.evidence == ["NVRM: GPU 0000:41:00.0 is already bound to vfio-pci."]
     assert e.details["installer_log_tail"][-1] == "ERROR: Installation has failed."
+    # an earlier run's log (older than this run's start) is not read: the wrapper's own words
+    os.utime(str(log), (1000, 1000))
+    e = raised(d.installer_failed, 126, "", "sh: ./NVIDIA.run: Permission denied", 2000)
+    assert e.details["installer_cause"] is None and e.msg.endswith("(rc=126): sh: ./NVIDIA.run: Permission denied")
+    assert e.details["installer_log_tail"] == []
     # nothing known: the installer's own words, as before
     log.write_text("")
     e = raised(d.installer_failed, 2, "", "ERROR: something new\n")
