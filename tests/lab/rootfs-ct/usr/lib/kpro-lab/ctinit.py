@@ -446,11 +446,15 @@ def spawn(name, argv, env, cwd, user, group, out_spec, err_spec, on_exit=None):
 
 
 def wait_child(pid):
+    """The exit status of a control process: kept by the reaper until read here, so one that exits before this is
+    called (a fast /bin/false under load) is not taken for a success, as systemd never loses it."""
     with CHILD_LOCK:
         ch = CHILDREN.get(pid)
     if ch is None:
         return 0
     ch.event.wait()
+    with CHILD_LOCK:
+        CHILDREN.pop(pid, None)
     return ch.status
 
 
@@ -523,8 +527,10 @@ def _reap_children():
         if pid == 0:
             return n
         n += 1
-        with CHILD_LOCK:
-            ch = CHILDREN.pop(pid, None)
+        with CHILD_LOCK:  # a main process is done with here; a control process's status waits for wait_child
+            ch = CHILDREN.get(pid)
+            if ch is not None and ch.on_exit:
+                CHILDREN.pop(pid, None)
         if ch is not None:
             ch.status = status
             ch.event.set()
