@@ -28,12 +28,13 @@ pytestmark = pytest.mark.skipif(not os.access(PLAYBOOK, os.X_OK), reason="needs 
 
 # (play's host group, role, tasks file, module, the module arguments to resolve)
 STAGES = [
-    ("gpu_containers", "model", "main.yml", "kpro.gpu_serving.hf_model", ("local_dir",)),
+    ("gpu_containers", "model", "main.yml", "kpro.gpu_serving.hf_model", ("local_dir", "revision")),
     ("gpu_containers", "sglang_install", "main.yml", "kpro.gpu_serving.sglang_compat", ("tp",)),
     ("gpu_containers", "preflight", "container.yml", "kpro.gpu_serving.sglang_compat", ("tp",)),
     ("gpu_containers", "sglang_server", "main.yml", "kpro.gpu_serving.sglang_service", ("venv", "options", "model_dir")),
     ("gpu_containers", "sglang_server", "main.yml", "kpro.gpu_serving.sglang_gate", ("base_url", "served_model_name", "tp_size", "model_dir")),
     ("proxmox_hosts", "lxc_gpu", "main.yml", "kpro.gpu_serving.lxc_gpu_passthrough", ("vmid",)),
+    ("gpu_containers", "sglang_server", "main.yml", "kpro.gpu_serving.sglang_deployment", ("model_revision",)),
 ]
 
 
@@ -83,6 +84,7 @@ SCENARIOS = {
     "served_name": {"sglang_server_served_model_name": "r"},
     "extra": {"sglang_server_options": {"disable_custom_all_reduce": True, "extra": ["--enable-metrics"], "max_running_requests": None}},
     "vmid": {"pve_vmid": 131},
+    "revision": {"model_revision": "0123456789abcdef0123456789abcdef01234567"},
 }
 
 
@@ -126,6 +128,14 @@ def test_defaults_agree(defaults):
     assert gate["served_model_name"] == serve["options"]["served_model_name"] == "qwen3.6-27b"
     assert gate["base_url"] == "http://127.0.0.1:%d" % serve["options"]["port"]
     assert int(defaults[("lxc_gpu", "lxc_gpu_passthrough")]["vmid"]) == 129
+
+
+def test_the_deployment_record_names_the_downloaded_revision_without_the_model_stage(resolved):
+    """The serve stage's play loads only its own role (as a run with --skip-tags model does since the stages are
+    included): the record still names the model stage's revision, by default and when the inventory pins one."""
+    for name, want in (("defaults", "main"), ("revision", "0123456789abcdef0123456789abcdef01234567")):
+        got = resolved[name]
+        assert got[("model", "hf_model")]["revision"] == got[("sglang_server", "sglang_deployment")]["model_revision"] == want
 
 
 def test_model_dir_alone_moves_the_download_and_the_server(resolved):
