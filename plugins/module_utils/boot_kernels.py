@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import installer_log
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import read_text
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvidia_installer import headers_packages
 
@@ -106,21 +107,20 @@ def dkms_state(entries, version, kernel):
     return None
 
 
-def read_make_log(version, kernel, arch="x86_64", dkms_tree=DKMS_TREE, module="nvidia"):
-    """(path, text) of DKMS's make.log for this build: the failed build's (build/make.log) first, else the kept one;
-    (None, "") when there is none."""
-    for path in (os.path.join(dkms_tree, module, version, "build", "make.log"),
-                 os.path.join(dkms_tree, module, version, kernel, arch, "log", "make.log")):
-        text = read_text(path)
+def failed_build(version, kernel, said, lines=20, dkms_tree=DKMS_TREE, arch="x86_64", module="nvidia"):
+    """Why DKMS could not build ``module`` for ``kernel``: DKMS's make.log (the failed build's build/make.log first,
+    else the kept one) read once, for its path (``make_log``), its last lines (``make_log_tail``) and the compiler's
+    cause (installer_log.build_failure: cause, summary, remedy, evidence); without a known cause the summary is
+    ``said`` (DKMS's own words)."""
+    path, text = None, ""
+    for candidate in (os.path.join(dkms_tree, module, version, "build", "make.log"),
+                      os.path.join(dkms_tree, module, version, kernel, arch, "log", "make.log")):
+        text = read_text(candidate)
         if text is not None:
-            return path, text
-    return None, ""
-
-
-def make_log_tail(version, kernel, arch="x86_64", lines=20, dkms_tree=DKMS_TREE, module="nvidia"):
-    """The path and last lines of DKMS's make.log for this build (read_make_log)."""
-    path, text = read_make_log(version, kernel, arch, dkms_tree, module)
-    return path, text.rstrip("\n").splitlines()[-lines:]
+            path = candidate
+            break
+    why = installer_log.build_failure(text or "") or {"cause": None, "summary": said, "remedy": "", "evidence": []}
+    return dict(why, make_log=path, make_log_tail=(text or "").rstrip("\n").splitlines()[-lines:])
 
 
 def kernel_report(kernels, version, entries, running, next_boot, modules_root="/lib/modules"):

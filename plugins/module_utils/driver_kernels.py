@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import boot_kernels as bk
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import installer_log
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import module_signing as ms
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, backup, read_text
@@ -163,12 +162,11 @@ class Kernels(object):
             self.d.changed = True
             entry["dkms"] = "installed"
             return
-        path, text = bk.read_make_log(self.version, entry["kernel"], dkms_tree=self.p["dkms_tree"])
-        tail = text.rstrip("\n").splitlines()[-20:]
-        why = installer_log.build_failure(text) or {"summary": ((err or out).strip().splitlines() or [""])[-1], "evidence": []}
-        entry.update(dkms="failed", make_log=path, make_log_tail=tail)
+        why = bk.failed_build(self.version, entry["kernel"], ((err or out).strip().splitlines() or [""])[-1],
+                              dkms_tree=self.p["dkms_tree"])
+        entry.update(dkms="failed", make_log=why["make_log"], make_log_tail=why["make_log_tail"])
         self.problems.append(("dkms_build_failed", entry["kernel"], "dkms install -m nvidia -v %s -k %s failed (rc=%d): %s" % (
-            self.version, entry["kernel"], rc, why["summary"]), why["evidence"] + tail, None))
+            self.version, entry["kernel"], rc, why["summary"]), why["evidence"] + why["make_log_tail"], None))
 
     def ensure_built(self):
         for entry in bk.kernels_to_build(self.report):

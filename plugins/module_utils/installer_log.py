@@ -174,13 +174,3 @@ def diagnose(text, max_evidence=6):
         return found
     errors = [m.group(1) for m in (_ERROR_RE.match(ln) for ln in lines) if m]
     return {"cause": None, "summary": errors[0] if errors else "", "remedy": "", "evidence": errors[:max_evidence]}
-
-
-def explain(text):
-    """One sentence for a failure message: the cause and what to do, or "" when nothing is known."""
-    d = diagnose(text)
-    if not d["summary"]:
-        return ""
-    if d["cause"] is None:
-        return "the installer said: %s" % d["summary"]
-    return "%s (%s). Remedy: %s." % (d["summary"], d["cause"], d["remedy"])

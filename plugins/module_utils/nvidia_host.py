@@ -163,11 +163,10 @@ class Driver(object):
 
     def dkms_failed(self, kernel, rc, out, err):
         """Fail with why DKMS could not build the module (the compiler's words in its make.log), else DKMS's words."""
-        make_log = bk.read_make_log(self.version, kernel, dkms_tree=self.p["dkms_tree"])[1]
-        why = installer_log.build_failure(make_log) or {"summary": (err or out).strip(), "remedy": "", "evidence": []}
+        why = bk.failed_build(self.version, kernel, (err or out).strip(), dkms_tree=self.p["dkms_tree"])
         raise Failure("installer_failed", "dkms could not build nvidia %s for %s (rc=%d): %s" % (
             self.version, kernel, rc, why["summary"]), remedy=why["remedy"], evidence=why["evidence"],
-            failure="installer_failed", make_log_tail=make_log.rstrip("\n").splitlines()[-20:])
+            failure="installer_failed", make_log_tail=why["make_log_tail"])
 
     def installer_failed(self, rc, out, err, started=0):
         """Fail with why the installer failed (installer_log reads its output and the end of its log), else its words.

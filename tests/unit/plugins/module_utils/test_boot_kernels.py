@@ -64,10 +64,13 @@ def test_report_per_kernel_from_dkms_3_0_status(tmp_path):
     assert bk.dkms_state([], V, "6.8.12-9-pve") is None
 
 
-def test_make_log_tail_prefers_the_failed_builds_log(tmp_path):
+def test_failed_build_prefers_the_failed_builds_log(tmp_path):
     build = tmp_path / "nvidia" / V / "build"
     build.mkdir(parents=True)
     (build / "make.log").write_text("\n".join("line %d" % i for i in range(30)) + "\n")
-    path, tail = bk.make_log_tail(V, "6.8.12-10-pve", lines=3, dkms_tree=str(tmp_path))
+    why = bk.failed_build(V, "6.8.12-10-pve", "Error! Bad return status", lines=3, dkms_tree=str(tmp_path))
+    path, tail = why["make_log"], why["make_log_tail"]
     assert path.endswith("nvidia/%s/build/make.log" % V) and tail == ["line 27", "line 28", "line 29"]
-    assert bk.make_log_tail(V, "6.8.12-10-pve", dkms_tree=str(tmp_path / "x")) == (None, [])
+    assert why["cause"] is None and why["summary"] == "Error! Bad return status"   # no compiler words: DKMS's own
+    gone = bk.failed_build(V, "6.8.12-10-pve", "x", dkms_tree=str(tmp_path / "x"))
+    assert (gone["make_log"], gone["make_log_tail"]) == (None, [])

@@ -80,10 +80,11 @@ def test_unknown_failures_give_the_installers_own_first_error_and_nothing_else_i
     d = il.diagnose("-> Detected 4 CPUs\nERROR: Unable to create a temporary file.\nERROR: Installation has failed.  Please see\n")
     assert d == {"cause": None, "summary": "Unable to create a temporary file.", "remedy": "",
                  "evidence": ["Unable to create a temporary file."]}
-    assert il.explain("ERROR: Installation has failed.") == ""
-    assert il.explain("") == ""
-    assert il.explain("\n".join(body(read("kernel_source_missing_bumblebee_925.log")))).startswith(
-        "no kernel headers for the kernel the module is built for (kernel_source_missing). Remedy: install the headers")
+    assert il.diagnose("ERROR: Installation has failed.")["summary"] == ""
+    assert il.diagnose("")["summary"] == ""
+    d = il.diagnose("\n".join(body(read("kernel_source_missing_bumblebee_925.log"))))
+    assert (d["summary"], d["cause"]) == ("no kernel headers for the kernel the module is built for", "kernel_source_missing")
+    assert d["remedy"].startswith("install the headers")
 
 
 MAKE = os.path.join(FIX, "make-logs")
