@@ -44,6 +44,13 @@ options:
   ca_path:
     description: CA bundle to verify the node's certificate with (for example a copy of C(/etc/pve/pve-root-ca.pem)).
     type: path
+  ca_content:
+    description:
+      - The CA (PEM text) to put at O(ca_path) before any API call, its directory created (mode 0755) and the file
+        mode 0644, when the file differs; reported as a change (RV(ca_changed)) with a diff.
+      - In check mode a CA that would change is not written; the API calls verify against a temporary copy of it.
+      - Requires O(ca_path).
+    type: str
   api_timeout:
     description: Timeout in seconds of each API request or C(pvesh) call (proxmoxer's own default, 5 s, is too short).
     type: int

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+
 DENSE_QWEN35 = ["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"]
 
 # Each rule: id, sglang (PEP 440 specifier set), architectures (list, "*" = any), tp (">1", "any", ">=N", "==N"),
@@ -49,6 +51,8 @@ RULES = [
 ]
 
 _ACTION_RANK = {"ok": 0, "ignore": 0, "warn": 1, "refuse": 2}
+# what an override may set a rule's action to
+ACTIONS = ("ignore", "warn", "refuse")
 
 # --------------------------------------------------------------------------------------------
 # PEP 440 (the subset that release versions of Python packages use)
@@ -268,3 +272,35 @@ def check(version, architecture, tp, overrides=None, rules=None, config=None):
     remedy = " ".join(sorted(set(r.get("remedy", "") for r in effective if r.get("remedy"))))
     return {"action": action, "phase": "known_bad_version" if action == "refuse" else None, "rules": matched, "message": msg,
             "remedy": remedy}
+
+
+def verdict(version, architecture, tp, overrides=None, model_config=None, warn=None):
+    """check() on the options of kpro.gpu_serving.sglang_compat (the module, and the filter of the same name that the
+    roles use: the table and the inputs are the controller's). A refusal or an invalid input is raised as Failure;
+    a rule that warns, and an override that names no rule, go to ``warn``. Returns the module's result."""
+    warn = warn or (lambda msg: None)
+    overrides = overrides or {}
+    bad = dict((k, v) for k, v in overrides.items() if v not in ACTIONS)
+    if bad:
+        raise Failure("bad_input", "overrides: each value must be one of %s; got %s." % (", ".join(ACTIONS), bad))
+    known = set(r["id"] for r in RULES)
+    unknown = sorted(set(overrides) - known)
+    try:
+        result = check(version, architecture, tp, overrides=overrides, config=model_config)
+    except InvalidVersion as e:
+        raise Failure("bad_version", "version %r: %s" % (version, e), remedy="Give a PEP 440 version such as 0.5.11.",
+                      action="refuse", rules=[], prs=[], message=str(e))
+    rules = [dict((k, v) for k, v in r.items() if k in ("id", "action", "overridden_from", "pr", "reason", "remedy", "sources"))
+             for r in result["rules"]]
+    prs = [r.get("pr") for r in result["rules"] if r.get("action") in ("warn", "refuse") and r.get("pr")]
+    out = dict(changed=False, action=result["action"], phase=result["phase"], rules=rules, prs=prs,
+               message=result["message"], remedy=result["remedy"])
+    if unknown:
+        warn("overrides name no rule of the compatibility table: %s (known: %s)." % (", ".join(unknown), ", ".join(sorted(known))))
+    if result["action"] == "refuse":
+        raise Failure("known_bad_version", result["message"], remedy=result["remedy"],
+                      evidence=["rule %s (%s)" % (r["id"], r.get("pr") or "no PR") for r in rules if r.get("action") == "refuse"],
+                      **dict((k, v) for k, v in out.items() if k not in ("phase", "remedy")))
+    if result["action"] == "warn":
+        warn(result["message"])
+    return out

@@ -149,6 +149,17 @@ def fail_fast(record, wanted, retry):
                    remedy="Fix the configuration (%s), or set sglang_server_rollback_retry=true to launch it again." % "; ".join(failed.get("changes") or []))
 
 
+def checked(record, service, model_revision, retry):
+    """state=checked's step, for sglang_deployment and for sglang_service's deployment_check (one module call before the
+    converge instead of two): (what the record says of the wanted deployment, with ``recorded``: whether recording it
+    would change nothing; the Failure a run must stop with before touching the server, or None)."""
+    wanted = deployment(service, venv_identity((service or {}).get("venv") or ""), model_revision)
+    facts = dict(deployment=wanted, signature=signature(wanted), good=record.get("good"),
+                 changes=changes(record.get("good") or {}, wanted) if record.get("good") else [],
+                 recorded=record_good(record, wanted) == record)   # state=recorded's own step, not a copy of it
+    return facts, fail_fast(record, wanted, retry)
+
+
 def record_good(record, wanted):
     """The record after ``wanted`` passed its gate: it becomes good; a failure of that same deployment is forgotten."""
     new = dict(record)

@@ -34,6 +34,7 @@ class Driver(object):
         self.changed = False
         self.log = []
         self.diff = []  # the systemd units written (or that check mode would write), before/after
+        self.extra = {}  # more return values of the host step (the module's release look)
 
     def fail(self, kind, msg, **extra):
         """Raise the named failure; RV(failure) keeps its old name, RV(phase) is the vocabulary's (failure.py)."""
@@ -280,7 +281,7 @@ class Driver(object):
         # would_change: check mode's changed, kept where a role's read-only probe reports changed=false (changed_when)
         self.m.exit_json(changed=self.changed, would_change=bool(self.m.check_mode and self.changed), action=action, reason=reason,
                          kernel_release=kernel, host_version=loaded and loaded["version"], nvml=facts, steps=self.log, diff=self.diff,
-                         kernels=kernels.report, next_boot_kernel=getattr(kernels, "next_boot", None))
+                         kernels=kernels.report, next_boot_kernel=getattr(kernels, "next_boot", None), **self.extra)
 
     def every_kernel(self):
         """The module built (and signed under Secure Boot) for every kernel that can boot, not only the running one."""

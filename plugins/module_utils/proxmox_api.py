@@ -31,6 +31,7 @@ import sys
 import time
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, read_text
 
 PROXMOXER_IMPORT_ERROR = None
 try:
@@ -68,6 +69,7 @@ def api_argument_spec():
         api_password=dict(type="str", no_log=True),
         validate_certs=dict(type="bool", default=True),
         ca_path=dict(type="path"),
+        ca_content=dict(type="str"),
         api_timeout=dict(type="int", default=30),
         ssh_user=dict(type="str", default="root"),
         ssh_port=dict(type="int", default=22),
@@ -152,6 +154,31 @@ def proxmoxer_problem(backend="https", token=False):
             return ("python3-paramiko is missing %s (%s); api_backend=ssh_paramiko needs it: `apt-get install "
                     "python3-paramiko`, or use api_backend=local on the node" % (where, e))
     return None
+
+
+def install_ca(params, check_mode, tmpdir):
+    """Put ``ca_content`` (the node's CA, PEM) at ``ca_path`` (its directory 0755, the file 0644) when it differs, before
+    any API call: one step of the module instead of a directory and a copy task of their own on every run.
+
+    Returns dict(changed, path, diff): ``path`` is the file the API calls verify against. In check mode a CA that would
+    change is not written; a copy in ``tmpdir`` is used instead, so that --check still proves the CA against the API.
+    Without ``ca_content``, ``ca_path`` is used as it is."""
+    content, path = params.get("ca_content"), params.get("ca_path")
+    if not content:
+        return dict(changed=False, path=path, diff=None)
+    if not path:
+        raise ProxmoxApiError("ca_content is set but ca_path is not: ca_path names where the CA is put on the node")
+    before = read_text(path)
+    if before == content and (os.stat(path).st_mode & 0o7777) == 0o644:
+        return dict(changed=False, path=path, diff=None)
+    diff = dict(before=before or "", after=content, before_header=path, after_header=path)
+    if check_mode:
+        path = os.path.join(tmpdir, os.path.basename(path))
+    else:
+        os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    atomic_write(path, content.encode("utf-8"), mode=MODE_DEFAULT, default_mode=0o644)
+    os.chmod(path, 0o644)  # the mode the copy task set: also on a file that had the same content
+    return dict(changed=True, path=path, diff=diff)
 
 
 def connect(params, api_factory=None, cli_runner=None):

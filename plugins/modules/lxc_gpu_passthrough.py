@@ -271,6 +271,10 @@ backup_file:
   returned: when changed and O(backup=true)
   type: str
   sample: /var/backups/kpro-gpu-serving/lxc/129.conf.20250101T120000.000000Z
+ca_changed:
+  description: O(ca_content) was (or in check mode would be) written to O(ca_path).
+  returned: always
+  type: bool
 restart_required:
   description: The config changed and the container has not been restarted by this run.
   returned: always
@@ -352,9 +356,15 @@ def main():
     result = dict(changed=False, method=p["method"], restarted=False, started=False, restart_required=False,
                   devn_set={}, devn_delete=[])
     try:
-        ct.run(module, p, p["vmid"], result, warnings)
+        ca = pa.install_ca(p, module.check_mode, module.tmpdir)
+        result["ca_changed"] = ca["changed"]
+        ct.run(module, dict(p, ca_path=ca["path"]), p["vmid"], result, warnings)
     except Failure as e:
         fail(module, e, **result)
+    if ca["changed"]:
+        result["changed"] = True
+        if module._diff:
+            result["diff"] = [d for d in (result.get("diff"), ca["diff"]) if d]
     for w in warnings:
         module.warn(w)
     module.exit_json(**result)

@@ -128,6 +128,15 @@ options:
     description: Seconds allowed for the download and for the installer to run.
     type: int
     default: 1800
+  release_look:
+    description:
+      - With O(mode=host) in check mode, first look at the release of the GPUs from vfio-pci as
+        M(kpro.gpu_serving.vfio_release) in check mode does, with these options of it (its defaults for the others),
+        in one read-only module call for both looks of the gpu_host stage.
+      - A refusal of the release (a running VM or process holds the GPUs) fails the module with the release's phase and
+        message, before the driver is looked at; the result has no RV(release) then.
+      - Outside check mode the module fails (C(bad_input)); the release itself is M(kpro.gpu_serving.vfio_release)'s.
+    type: dict
 attributes:
   check_mode:
     support: full
@@ -163,6 +172,12 @@ EXAMPLES = r"""
 RETURN = r"""
 extends_documentation_fragment:
   - kpro.gpu_serving.failure
+release:
+  description: With O(release_look), the result of M(kpro.gpu_serving.vfio_release) in check mode (its
+    RV(kpro.gpu_serving.vfio_release#module:would_change), RV(kpro.gpu_serving.vfio_release#module:reboot_required),
+    RV(kpro.gpu_serving.vfio_release#module:selected) ...); its warnings are the module's.
+  returned: when O(release_look) is given and the release was not refused
+  type: dict
 action:
   description: What was (or in check mode would be) done.
   returned: always
@@ -224,6 +239,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvidia_host import Driver
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_run
 
 ROOTS = dict(proc_root="/proc", dkms_framework_conf="/etc/dkms/framework.conf", boot_dir="/boot", modules_root="/lib/modules", dkms_tree="/var/lib/dkms")
 
@@ -251,12 +267,15 @@ def main():
             efivars_dir=dict(type="path", default="/sys/firmware/efi/efivars"),
             systemd_dir=dict(type="path", default="/etc/systemd/system"),
             timeout=dict(type="int", default=1800),
+            release_look=dict(type="dict"),
             **root_options(ROOTS)
         ),
         supports_check_mode=True,
     )
     driver = Driver(module)
     try:
+        if module.params["release_look"] is not None:   # vfio_release's refusal first, as when it was a task of its own
+            driver.extra["release"] = vfio_run.look(module, module.params["release_look"])
         if module.params["state"] == "fetched":
             driver.fetched()
         elif module.params["mode"] == "host":
@@ -264,7 +283,7 @@ def main():
         else:
             driver.userspace()
     except Failure as e:
-        fail(module, e, steps=driver.log)
+        fail(module, e, steps=driver.log, **driver.extra)   # a failed driver look keeps the release look's result
 
 
 if __name__ == "__main__":

@@ -112,37 +112,6 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import compat
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
 
-ACTIONS = ("ignore", "warn", "refuse")
-
-
-def check(p, warn):
-    """compat.check on the module's options; a refusal or invalid input is raised as Failure."""
-    overrides = p["overrides"] or {}
-    bad = dict((k, v) for k, v in overrides.items() if v not in ACTIONS)
-    if bad:
-        raise Failure("bad_input", "overrides: each value must be one of %s; got %s." % (", ".join(ACTIONS), bad))
-    known = set(r["id"] for r in compat.RULES)
-    unknown = sorted(set(overrides) - known)
-    try:
-        result = compat.check(p["version"], p["architecture"], p["tp"], overrides=overrides, config=p["model_config"])
-    except compat.InvalidVersion as e:
-        raise Failure("bad_version", "version %r: %s" % (p["version"], e), remedy="Give a PEP 440 version such as 0.5.11.",
-                      action="refuse", rules=[], prs=[], message=str(e))
-    rules = [dict((k, v) for k, v in r.items() if k in ("id", "action", "overridden_from", "pr", "reason", "remedy", "sources"))
-             for r in result["rules"]]
-    prs = [r.get("pr") for r in result["rules"] if r.get("action") in ("warn", "refuse") and r.get("pr")]
-    out = dict(changed=False, action=result["action"], phase=result["phase"], rules=rules, prs=prs,
-               message=result["message"], remedy=result["remedy"])
-    if unknown:
-        warn("overrides name no rule of the compatibility table: %s (known: %s)." % (", ".join(unknown), ", ".join(sorted(known))))
-    if result["action"] == "refuse":
-        raise Failure("known_bad_version", result["message"], remedy=result["remedy"],
-                      evidence=["rule %s (%s)" % (r["id"], r.get("pr") or "no PR") for r in rules if r.get("action") == "refuse"],
-                      **dict((k, v) for k, v in out.items() if k not in ("phase", "remedy")))
-    if result["action"] == "warn":
-        warn(result["message"])
-    return out
-
 
 def main():
     module = AnsibleModule(
@@ -156,7 +125,8 @@ def main():
         supports_check_mode=True,
     )
     try:
-        module.exit_json(**check(module.params, module.warn))
+        p = module.params
+        module.exit_json(**compat.verdict(p["version"], p["architecture"], p["tp"], p["overrides"], p["model_config"], module.warn))
     except Failure as e:
         fail(module, e)
 

@@ -169,12 +169,13 @@ def run(module, result, record):
         return (dp.record_after_rollback(record, p["deployment"], diagnosis, good, restored, p["failed_at"] or 0.0),
                 dp.rolled_back(diagnosis, good, restored, p["failed_at"] or 0.0, wanted=p["deployment"]))
     service = p["service"] or {}
+    if p["state"] == "checked":
+        facts, failure = dp.checked(record, service, p["model_revision"], p["retry"])
+        result.update(facts)
+        return record, failure
     wanted = dp.deployment(service, dp.venv_identity(service.get("venv") or ""), p["model_revision"])
     result.update(deployment=wanted, signature=dp.signature(wanted), good=record.get("good"),
                   changes=dp.changes(record.get("good") or {}, wanted) if record.get("good") else [])
-    if p["state"] == "checked":
-        result["recorded"] = dp.record_good(record, wanted) == record   # state=recorded's own step, not a copy of it
-        return record, dp.fail_fast(record, wanted, p["retry"])
     if p["state"] == "recorded":
         return dp.record_good(record, wanted), None
     # failed: nothing is written before the restored deployment passed its gate (state=rolled_back)

@@ -178,6 +178,31 @@ options:
     description: Root of the cgroup file system (tests).
     type: path
     default: /sys/fs/cgroup
+  deployment_check:
+    description:
+      - Before anything else, the step of M(kpro.gpu_serving.sglang_deployment) with O(kpro.gpu_serving.sglang_deployment#module:state=checked)
+        on the deployment record of O(unit), so that the idempotent re-run pays one module call instead of two.
+      - When the wanted deployment is the one that failed its gate and was rolled back, and O(deployment_check.retry) is
+        not set, the module fails with that failure's phase and diagnosis and changes nothing.
+      - Otherwise RV(deployment_recorded) says whether recording the deployment as good would change nothing.
+    type: dict
+    suboptions:
+      service:
+        description: The service arguments the deployment is recorded with (those of M(kpro.gpu_serving.sglang_deployment)).
+        type: dict
+        required: true
+      model_revision:
+        description: The model revision of the deployment.
+        type: str
+        default: ""
+      retry:
+        description: Launch a deployment that failed its gate and was rolled back anyway.
+        type: bool
+        default: false
+      state_dir:
+        description: Where the deployment records are (M(kpro.gpu_serving.sglang_deployment)'s O(kpro.gpu_serving.sglang_deployment#module:state_dir)).
+        type: path
+        default: /var/lib/kpro-gpu-serving
 extends_documentation_fragment: []
 attributes:
   check_mode:
@@ -233,6 +258,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+deployment_recorded:
+  description: With O(deployment_check), whether the wanted deployment is already recorded as the good one (recording it
+    again after the gate would change nothing).
+  returned: when O(deployment_check) is given and does not refuse
+  type: bool
+  sample: true
 restarted:
   description: Whether the server was (in check mode, would be) started or restarted.
   returned: always
@@ -321,50 +352,64 @@ remedy:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_serve import Server
 
 
+ARGUMENT_SPEC = dict(
+    unit=dict(type="str", default="sglang.service"),
+    venv=dict(type="path", default="/opt/sglang/venv"),
+    python=dict(type="path"),
+    options=dict(type="dict", required=True),
+    api_key=dict(type="str", no_log=True),
+    environment=dict(type="dict", default={}),
+    model_dir=dict(type="path"),
+    plan=dict(type="bool", default=True),
+    plan_overrides=dict(type="dict", default={}),
+    state=dict(type="str", choices=["started", "stopped"], default="started"),
+    force_restart=dict(type="bool", default=False),
+    enabled=dict(type="bool"),
+    release_timeout=dict(type="int", default=120),
+    idle_used_mib=dict(type="int", default=1024),
+    timeout_stop_sec=dict(type="int", default=120),
+    limit_nofile=dict(type="int", default=65536),
+    restart=dict(type="str", default="on-failure", choices=["no", "on-failure", "on-abnormal", "always"]),
+    restart_sec=dict(type="int", default=30),
+    start_limit_interval_sec=dict(type="int", default=3600),
+    start_limit_burst=dict(type="int", default=3),
+    probe_regex=dict(type="str"),
+    secret_file=dict(type="path"),
+    user=dict(type="str"),
+    log_dir=dict(type="path", default="/var/log/sglang"),
+    launcher=dict(type="path", default=su.LAUNCHER_PATH),
+    env_file=dict(type="path"),
+    unit_dir=dict(type="path", default="/etc/systemd/system"),
+    state_dir=dict(type="path", default="/var/lib/kpro-gpu-serving"),
+    systemctl=dict(type="path"),
+    root=dict(type="path", default="/"),
+    cgroup_root=dict(type="path", default="/sys/fs/cgroup"),
+    deployment_check=dict(type="dict", options=dict(
+        service=dict(type="dict", required=True),
+        model_revision=dict(type="str", default=""),
+        retry=dict(type="bool", default=False),
+        state_dir=dict(type="path", default=dp.STATE_DIR),
+    )),
+)
+
+
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            unit=dict(type="str", default="sglang.service"),
-            venv=dict(type="path", default="/opt/sglang/venv"),
-            python=dict(type="path"),
-            options=dict(type="dict", required=True),
-            api_key=dict(type="str", no_log=True),
-            environment=dict(type="dict", default={}),
-            model_dir=dict(type="path"),
-            plan=dict(type="bool", default=True),
-            plan_overrides=dict(type="dict", default={}),
-            state=dict(type="str", choices=["started", "stopped"], default="started"),
-            force_restart=dict(type="bool", default=False),
-            enabled=dict(type="bool"),
-            release_timeout=dict(type="int", default=120),
-            idle_used_mib=dict(type="int", default=1024),
-            timeout_stop_sec=dict(type="int", default=120),
-            limit_nofile=dict(type="int", default=65536),
-            restart=dict(type="str", default="on-failure", choices=["no", "on-failure", "on-abnormal", "always"]),
-            restart_sec=dict(type="int", default=30),
-            start_limit_interval_sec=dict(type="int", default=3600),
-            start_limit_burst=dict(type="int", default=3),
-            probe_regex=dict(type="str"),
-            secret_file=dict(type="path"),
-            user=dict(type="str"),
-            log_dir=dict(type="path", default="/var/log/sglang"),
-            launcher=dict(type="path", default=su.LAUNCHER_PATH),
-            env_file=dict(type="path"),
-            unit_dir=dict(type="path", default="/etc/systemd/system"),
-            state_dir=dict(type="path", default="/var/lib/kpro-gpu-serving"),
-            systemctl=dict(type="path"),
-            root=dict(type="path", default="/"),
-            cgroup_root=dict(type="path", default="/sys/fs/cgroup"),
-        ),
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     server = Server(module)
+    check = module.params["deployment_check"]
     try:
+        if check:   # sglang_deployment state=checked's step, first: a refused deployment leaves everything as it is
+            record = dp.load(dp.record_path(check["state_dir"], module.params["unit"]))
+            facts, refusal = dp.checked(record, check["service"], check["model_revision"], check["retry"])
+            server.result["deployment_recorded"] = facts["recorded"]
+            if refusal:
+                raise refusal
         if module.params["state"] == "stopped":
             server.stopped()
         else:

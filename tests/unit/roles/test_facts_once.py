@@ -44,8 +44,8 @@ def _task(role, tasks_file, module):
         todo = list(yaml.safe_load(f))
     while todo:
         t = todo.pop(0)
-        if module in t:
-            return t
+        if module in t or any(module + "(" in str(v) for v in (t.get("vars") or {}).values()):
+            return t   # the module, or its filter in one of the task's vars (the compatibility table's)
         todo[:0] = t.get("block", []) + t.get("rescue", []) + t.get("always", [])
     raise AssertionError("no %s task in roles/%s/tasks/%s" % (module, role, tasks_file))
 
@@ -54,7 +54,11 @@ def _playbook():
     plays = []
     for i, (hosts, role, tasks_file, module, args) in enumerate(STAGES):
         task = _task(role, tasks_file, module)
-        given = task[module] or {}
+        given = task.get(module) or {}
+        filtered = [v for v in (task.get("vars") or {}).values() if module + "(" in str(v)]
+        if filtered:
+            # the filter's result names the arguments it was given
+            given = dict((a, "{{ (%s)[%r] }}" % (filtered[0].strip()[2:-2].strip(), a)) for a in args)
         if not given and isinstance(task.get("args"), str):
             # arguments from one templated dict (args: "{{ ... }}"): each one resolved out of it
             expr = task["args"].strip()[2:-2].strip()

@@ -59,14 +59,25 @@ def test_the_look_is_the_gates_own_call_with_a_short_timeout():
     assert "ignore_errors" not in look
 
 
+def _driver_look():
+    return _named(_tasks("gpu_host", "precheck.yml"), "Check that no running VM holds the GPUs, and look at the NVIDIA driver")
+
+
 def test_the_driver_look_is_the_installs_own_call():
     fetch, driver = _tasks("gpu_host", "fetch.yml"), _tasks("gpu_host", "driver.yml")
-    look = fetch[0]
+    look = _driver_look()
     relook, install = driver[0], driver[1]
-    for t in (look, relook, install):
+    for t in (relook, install):
         assert t["args"] == "{{ gpu_host__driver_args }}" and t["kpro.gpu_serving.nvidia_driver"] is None
+    # the look: the install's own arguments, with the release's read-only look (one module call for both)
+    assert look["args"] == "{{ gpu_host__driver_look_args }}" and look["kpro.gpu_serving.nvidia_driver"] is None
+    with open(os.path.join(ROLES, "gpu_host", "vars", "main.yml")) as f:
+        look_args = yaml.safe_load(f)["gpu_host__driver_look_args"]
+    assert look_args.startswith("{{ gpu_host__driver_args | combine({'release_look':")
     assert look["check_mode"] is True and relook["check_mode"] is True and "async" in install
-    for t in fetch[1:]:
+    # only the release's refusal fails the look (a failed driver look is the install's to report)
+    assert look["failed_when"] == "gpu_host__driver_look.release is not defined" and "when" not in look
+    for t in fetch:
         assert "gpu_host__installer_needed" in t["when"], t["name"]
 
 
@@ -84,7 +95,7 @@ RELEASE = {
     "look_failed": ({"failed": False, "msg": "no nvml"}, {"would_change": False, "reboot_required": False}, False),
     "release": ({"would_change": False}, {"would_change": True, "reboot_required": False}, True),
     "reboot": ({"would_change": False}, {"would_change": False, "reboot_required": True}, True),
-    "check_mode": (None, {"would_change": False, "reboot_required": False}, False),
+    "no_driver_result": (None, {"would_change": False, "reboot_required": False}, False),
 }
 SKIPPED = {"changed": False, "skipped": True, "skip_reason": "Conditional result was False"}
 WAITED = {"changed": False, "failed": False, "phase": "ready", "waited_s": 40.0}
@@ -101,12 +112,11 @@ def _playbook():
         {"name": "scenario", "ansible.builtin.set_fact": {
             "sglang_server_service": {"restarted": "{{ restarted }}"},
             "sglang_server__gate_look": "{{ look_result if look_result is not none else skipped }}",
-            "gpu_host__driver_look": "{{ driver_look if driver_look is not none else skipped }}",
-            "gpu_host__release_look": "{{ release_look }}",
+            "gpu_host__driver_look": "{{ (driver_look if driver_look is not none else {}) | combine({'release': release_look}) }}",
             "gpu_host_release": "{{ {'changed': true} if release_ran else skipped }}",
             "gpu_host__driver_relook": "{{ {'would_change': true} if release_ran else skipped }}"}},
         {"name": "resolve", "ansible.builtin.debug": {"msg": "WIRED {{ resolved | to_json }}"},
-         "vars": {"resolved": dict(wanted, fetch=_expr(fetch[1]["when"].replace("gpu_host_driver_src | length > 0 and ", "")),
+         "vars": {"resolved": dict(wanted, fetch=_expr(fetch[0]["when"].replace("gpu_host_driver_src | length > 0 and ", "")),
                                    relook=_expr(relook["when"]), install=_expr(install["when"]))}},
         {"name": "the wait", "ansible.builtin.set_fact": {"sglang_server_gate": "{{ waited if wanted_wait else skipped }}"},
          "vars": {"wanted_wait": wanted["wait"]}},
@@ -146,7 +156,7 @@ def test_the_gate_waits_only_when_the_look_did_not_pass(resolved):
 def test_the_installer_is_fetched_unless_nothing_is_to_do(resolved):
     got = dict((n, resolved["host_" + n]["WIRED"]) for n in RELEASE)
     assert got["converged"]["fetch"] is False and got["converged"]["install"] is False and got["converged"]["relook"] is False
-    for name in ("driver", "look_failed", "release", "reboot", "check_mode"):
+    for name in ("driver", "look_failed", "release", "reboot", "no_driver_result"):
         assert got[name]["fetch"] is True, name
     assert got["driver"]["install"] is True and got["look_failed"]["install"] is True
     # after a release the driver is looked at again, and that look decides

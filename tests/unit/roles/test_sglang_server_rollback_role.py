@@ -54,7 +54,7 @@ def _playbook():
     main, rollback = _tasks("main.yml"), _tasks("rollback.yml")
     gate = [t for t in main if "kpro.gpu_serving.sglang_gate" in t and "async" in t][0]   # the wait (the look before it never fails)
     record = _one(main, "kpro.gpu_serving.sglang_deployment", state="recorded")
-    include = _one(main, "ansible.builtin.include_tasks")
+    include = [t for t in main if t.get("ansible.builtin.include_tasks") == "rollback.yml"][0]
     restored = _one(rollback, "kpro.gpu_serving.sglang_gate")
     wanted = {"ignore_errors": "{{ (%s) | bool }}" % gate["ignore_errors"].strip()[2:-2], "rollback": _cond(include["when"]),
               "record": _cond(record["when"]), "record_unit": record["kpro.gpu_serving.sglang_deployment"].get("unit", "")}

@@ -274,3 +274,37 @@ def test_api_argument_spec_secrets_no_log():
     spec = pa.api_argument_spec()
     assert spec["api_token_secret"]["no_log"] and spec["api_password"]["no_log"]
     assert spec["validate_certs"]["default"] is True and spec["api_timeout"]["default"] == 30
+
+
+CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+def test_install_ca_writes_dir_and_file_then_is_a_noop(tmp_path):
+    dest = tmp_path / "etc" / "kpro-gpu-serving" / "pve-ca.pem"
+    params = dict(ca_content=CA, ca_path=str(dest))
+    first = pa.install_ca(params, False, str(tmp_path / "tmp"))
+    assert first["changed"] and first["path"] == str(dest) and dest.read_text() == CA
+    assert (dest.stat().st_mode & 0o777) == 0o644 and (dest.parent.stat().st_mode & 0o777) == 0o755
+    assert first["diff"] == dict(before="", after=CA, before_header=str(dest), after_header=str(dest))
+    assert pa.install_ca(params, False, str(tmp_path)) == dict(changed=False, path=str(dest), diff=None)
+    dest.chmod(0o600)  # a mode other than the copy task's is a change, as it was for the copy
+    assert pa.install_ca(params, False, str(tmp_path))["changed"] and (dest.stat().st_mode & 0o777) == 0o644
+
+
+def test_install_ca_check_mode_verifies_against_a_copy_and_writes_nothing(tmp_path):
+    dest = tmp_path / "pve-ca.pem"
+    dest.write_text("old\n")
+    tmp = tmp_path / "moduletmp"
+    tmp.mkdir()
+    got = pa.install_ca(dict(ca_content=CA, ca_path=str(dest)), True, str(tmp))
+    assert got["changed"] and dest.read_text() == "old\n"
+    assert got["path"] == str(tmp / "pve-ca.pem") and (tmp / "pve-ca.pem").read_text() == CA
+    assert got["diff"]["before"] == "old\n" and got["diff"]["after"] == CA
+
+
+def test_install_ca_without_content_uses_ca_path_and_needs_a_path_with_content(tmp_path):
+    assert pa.install_ca(dict(ca_path="/etc/pve/pve-root-ca.pem"), False, str(tmp_path)) == dict(
+        changed=False, path="/etc/pve/pve-root-ca.pem", diff=None)
+    with pytest.raises(pa.ProxmoxApiError, match="ca_path"):
+        pa.install_ca(dict(ca_content=CA), False, str(tmp_path))
+    assert list(tmp_path.iterdir()) == []

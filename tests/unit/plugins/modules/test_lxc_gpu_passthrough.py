@@ -475,3 +475,31 @@ def test_each_known_failure_names_its_phase(env, monkeypatch, phase):
     h = digest(env)
     r = failed(a)
     assert r["phase"] == phase and r["msg"].startswith(phase + ": ") and "evidence" in r and digest(env) == h, r
+
+
+def test_ca_content_is_put_at_ca_path_before_the_api_and_check_mode_uses_a_copy(env, monkeypatch):
+    """The module writes the CA itself (the role's directory and copy tasks before): the API verifies against the
+    written file; --check writes nothing and verifies against a temporary copy; a second run changes nothing."""
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    seen = []
+    monkeypatch.setattr(pa, "HAS_PROXMOXER", True)
+
+    def factory(host, **kw):
+        seen.append((kw["verify_ssl"], open(kw["verify_ssl"]).read()))
+        raise OSError("stop after the CA was used")
+    real = pa.connect
+    monkeypatch.setattr(pa, "connect", lambda p: real(p, api_factory=factory))
+    ca, dest = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n", env / "etc" / "kpro" / "pve-ca.pem"
+    a = args(env, restart=True, api_host="10.213.5.2", api_token_id="ansible", api_token_secret="x", ca_path=str(dest),
+             ca_content=ca)
+    failed(dict(a, _ansible_check_mode=True))
+    assert not dest.exists() and seen[0][1] == ca and seen[0][0] != str(dest)
+    ok(dict(args(env), ca_path=str(dest), ca_content=ca), check_mode=True)  # no API: the CA alone is the change
+    assert not dest.exists()
+    r = ok(dict(args(env), ca_path=str(dest), ca_content=ca), diff=True)
+    assert r["changed"] and r["ca_changed"] and dest.read_text() == ca
+    assert [d["after_header"] for d in r["diff"]] == [r["config_file"], str(dest)] and r["diff"][1]["after"] == ca
+    failed(a)
+    assert seen[-1] == (str(dest), ca)
+    r2 = ok(dict(args(env), ca_path=str(dest), ca_content=ca))
+    assert not r2["changed"] and not r2["ca_changed"]

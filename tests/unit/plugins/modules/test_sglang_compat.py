@@ -97,3 +97,19 @@ def test_failures_name_their_phase():
     assert res["phase"] == "bad_version" and res["action"] == "refuse" and "PEP 440" in res["remedy"]
     res = refused({"version": "0.5.10", "architecture": ARCH, "tp": 2})
     assert res["phase"] == "known_bad_version" and res["evidence"] and "Remedy:" in res["msg"]
+
+
+def test_the_filter_gives_the_modules_verdict_without_raising():
+    """The roles' filter (plugins/filter/compat.py): the module's result on the controller; a refusal and an invalid
+    input are returned for the role's assert, with the inputs it was asked about."""
+    from ansible_collections.kpro.gpu_serving.plugins.filter.compat import sglang_compat
+    ok = sglang_compat("0.5.11", "Qwen3_5ForConditionalGeneration", "2", {})
+    assert ok["action"] == "ok" and ok["tp"] == 2 and ok["version"] == "0.5.11" and ok["phase"] is None
+    bad = sglang_compat("0.5.9", "Qwen3_5ForConditionalGeneration", 2)
+    assert bad["action"] == "refuse" and bad["phase"] == "known_bad_version" and "#19070" in bad["prs"]
+    assert "19070" in bad["message"] and bad["evidence"] == ["rule sglang-0.5.9-qwen3.5-dense-tp (#19070)"] and bad["remedy"]
+    assert sglang_compat("0.5.9", "Qwen3_5ForConditionalGeneration", 1)["action"] == "ok"
+    overridden = sglang_compat("0.5.9", "Qwen3_5ForConditionalGeneration", 2, {"sglang-0.5.9-qwen3.5-dense-tp": "warn"})
+    assert overridden["action"] == "warn"
+    assert sglang_compat("five", "Qwen3_5ForConditionalGeneration", 2)["phase"] == "bad_version"
+    assert sglang_compat("0.5.11", "X", 2, {"x": "maybe"})["phase"] == "bad_input"

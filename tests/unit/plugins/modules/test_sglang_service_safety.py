@@ -133,3 +133,28 @@ def test_a_changed_venv_lock_restarts_the_server_once(serving):
     assert res["restarted"] is True and any("lock changed" in r for r in res["reasons"]), res["reasons"]
     again = service(lab, restart_sec=1)
     assert again["changed"] is False and again["restarted"] is False and again["reasons"] == []
+
+
+def test_deployment_check_refuses_a_rolled_back_deployment_before_the_server_is_touched(serving, tmp_path):
+    """deployment_check: sglang_deployment state=checked's step inside the converge. A deployment recorded as failed and
+    rolled back is refused with its diagnosis's phase, the server untouched; the serving one is reported as recorded."""
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
+    lab, _res = serving
+    state = str(tmp_path / "state")
+    path = dp.record_path(state, "sglang.service")
+    serving_args = {"unit": "sglang.service", "venv": "/nonexistent", "options": lab.options()}
+    bad_args = dict(serving_args, options=lab.options(max_running_requests=7))
+    good = dp.deployment(serving_args, dp.venv_identity("/nonexistent"), "main")
+    bad = dp.deployment(bad_args, dp.venv_identity("/nonexistent"), "main")
+    diag = {"phase": "degenerate_output", "msg": "answered '!!!!'", "evidence": ["!!!!"]}
+    dp.save(path, dp.record_failed(dp.record_good({}, good), bad, diag, good))
+    record_before = open(path).read()
+    pid, files = main_pid(lab), _files(lab)
+    check = {"service": bad_args, "model_revision": "main", "state_dir": state}
+    res = service(lab, expect_ok=False, options=bad_args["options"], deployment_check=check)
+    assert res["phase"] == "degenerate_output" and "failed the gate" in res["msg"] and "rollback_retry" in res["remedy"], res
+    assert main_pid(lab) == pid and alive(pid) and _files(lab) == files and open(path).read() == record_before
+    same = service(lab, restart_sec=1, deployment_check=dict(check, service=serving_args))
+    assert same["deployment_recorded"] is True and not same["restarted"] and main_pid(lab) == pid
+    other = service(lab, restart_sec=1, deployment_check=dict(check, service=serving_args, model_revision="other"))
+    assert other["deployment_recorded"] is False and not other["restarted"] and open(path).read() == record_before

@@ -528,3 +528,31 @@ def test_phase_boot_refresh_failed_keeps_rc_and_output(host):
     open(os.path.join(host.root, "fail"), "w").close()
     r = run(host.args)
     assert r["phase"] == "boot_refresh_failed" and r["rc"] != 0 and "stderr" in r
+
+
+def _driver_look(host, check_mode=True):
+    """nvidia_driver with release_look (the gpu_host stage's one read-only call for both looks) on the fixture host."""
+    from ansible_collections.kpro.gpu_serving.plugins.modules import nvidia_driver
+    a = dict(version="580.126.09", mode="host", proc_root=host.proc, release_look=dict(host.args, ids=None))
+    try:
+        run_module(nvidia_driver, a, check_mode=check_mode)
+    except (AnsibleExitJson, AnsibleFailJson) as e:
+        return e.result
+    raise AssertionError("no exit")
+
+
+def test_nvidia_driver_release_look_refuses_as_vfio_release_and_changes_nothing(host):
+    before = tree_hash(host.root)
+    free = _driver_look(host)
+    # the release's look ran (what vfio_release --check reports), whatever the driver look then found (no NVML here)
+    assert free["release"]["would_change"] is True and free["release"]["changed"] is True, free
+    assert free["release"]["managed_ids"] == run(host.args, check_mode=True)["managed_ids"]
+    assert tree_hash(host.root) == before
+    start_vm(host, 105, 4242)
+    before = tree_hash(host.root)
+    refused = _driver_look(host)
+    assert refused["failed"] is True and "release" not in refused, refused
+    assert "VM 105 (win-gaming) is running with hostpci0" in refused["msg"] and refused["phase"] == run(host.args)["phase"]
+    outside = _driver_look(host, check_mode=False)
+    assert outside["failed"] is True and outside["phase"] == "bad_input" and "check mode" in outside["msg"]
+    assert tree_hash(host.root) == before and host.kernel.writes == [] and commands(host) == []
