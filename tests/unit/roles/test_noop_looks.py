@@ -8,7 +8,8 @@ resolved by Ansible itself (as test_sglang_server_rollback_role does): no lab, n
   arguments, a timeout of 1 s); the background wait, polled every sglang_server_gate_poll, runs only when the look did
   not pass, and its result is the one the rollback, the summary and the record read.
 - The gpu_host stage: the installer is copied and verified unless the driver look found nothing to do and the release
-  will not run; the look is the install's own arguments; after a release the driver is looked at again.
+  will not run; the look is the install's own arguments; the release (and its reboot) is included only when the look
+  found something to release or a reboot required; after a release the driver is looked at again.
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ def test_the_driver_look_is_the_installs_own_call():
     assert look["failed_when"] == "gpu_host__driver_look.release is not defined" and "when" not in look
     for t in fetch:
         assert "gpu_host__installer_needed" in t["when"], t["name"]
+    # the release and its reboot: one include, skipped in one step when the look found nothing to release
+    assert _release_include()["ansible.builtin.include_tasks"] == "release.yml"
+    assert "when" not in _tasks("gpu_host", "release.yml")[0]   # included: the release runs
+
+
+def _release_include():
+    return _named(_tasks("gpu_host", "main.yml"), "Release the GPUs from vfio-pci")
 
 
 SCENARIOS = {
@@ -113,11 +121,11 @@ def _playbook():
             "sglang_server_service": {"restarted": "{{ restarted }}"},
             "sglang_server__gate_look": "{{ look_result if look_result is not none else skipped }}",
             "gpu_host__driver_look": "{{ (driver_look if driver_look is not none else {}) | combine({'release': release_look}) }}",
-            "gpu_host_release": "{{ {'changed': true} if release_ran else skipped }}",
-            "gpu_host__driver_relook": "{{ {'would_change': true} if release_ran else skipped }}"}},
+                    "gpu_host__driver_relook": "{{ {'would_change': true} if release_ran else skipped }}"}},
         {"name": "resolve", "ansible.builtin.debug": {"msg": "WIRED {{ resolved | to_json }}"},
          "vars": {"resolved": dict(wanted, fetch=_expr(fetch[0]["when"].replace("gpu_host_driver_src | length > 0 and ", "")),
-                                   relook=_expr(relook["when"]), install=_expr(install["when"]))}},
+                                   relook=_expr(relook["when"]), install=_expr(install["when"]),
+                                   release=_expr(_release_include()["when"]))}},
         {"name": "the wait", "ansible.builtin.set_fact": {"sglang_server_gate": "{{ waited if wanted_wait else skipped }}"},
          "vars": {"wanted_wait": wanted["wait"]}},
         dict(keep),   # the role's own task, its condition included
@@ -159,5 +167,10 @@ def test_the_installer_is_fetched_unless_nothing_is_to_do(resolved):
     for name in ("driver", "look_failed", "release", "reboot", "no_driver_result"):
         assert got[name]["fetch"] is True, name
     assert got["driver"]["install"] is True and got["look_failed"]["install"] is True
+    # the release is included only when its look found something to release or a reboot required
+    for name in ("converged", "driver", "look_failed", "no_driver_result"):
+        assert got[name]["release"] is False and got[name]["relook"] is False, name
+    assert got["release"]["release"] is True and got["reboot"]["release"] is True
     # after a release the driver is looked at again, and that look decides
     assert got["release"]["relook"] is True and got["release"]["install"] is True
+    assert got["reboot"]["relook"] is True
