@@ -121,7 +121,7 @@ def _playbook():
             "sglang_server_service": {"restarted": "{{ restarted }}"},
             "sglang_server__gate_look": "{{ look_result if look_result is not none else skipped }}",
             "gpu_host__driver_look": "{{ (driver_look if driver_look is not none else {}) | combine({'release': release_look}) }}",
-                    "gpu_host__driver_relook": "{{ {'would_change': true} if release_ran else skipped }}"}},
+            "gpu_host__driver_relook": "{{ {'would_change': true} if release_ran else skipped }}"}},
         {"name": "resolve", "ansible.builtin.debug": {"msg": "WIRED {{ resolved | to_json }}"},
          "vars": {"resolved": dict(wanted, fetch=_expr(fetch[0]["when"].replace("gpu_host_driver_src | length > 0 and ", "")),
                                    relook=_expr(relook["when"]), install=_expr(install["when"]),
