@@ -174,10 +174,13 @@ def install_ca(params, check_mode, tmpdir):
     diff = dict(before=before or "", after=content, before_header=path, after_header=path)
     if check_mode:
         path = os.path.join(tmpdir, os.path.basename(path))
-    else:
+    try:
         os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-    atomic_write(path, content.encode("utf-8"), mode=MODE_DEFAULT, default_mode=0o644)
-    os.chmod(path, 0o644)  # the mode the copy task set: also on a file that had the same content
+        atomic_write(path, content.encode("utf-8"), mode=MODE_DEFAULT, default_mode=0o644)
+        os.chmod(path, 0o644)  # the mode the copy task set: also on a file that had the same content
+    except OSError as e:
+        raise ProxmoxApiError("cannot put the CA at %s: %s; nothing else was changed" % (path, e),
+                              remedy="Check that the directory is writable by the task's user (become root).")
     return dict(changed=True, path=path, diff=diff)
 
 

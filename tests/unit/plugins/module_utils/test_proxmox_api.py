@@ -308,3 +308,11 @@ def test_install_ca_without_content_uses_ca_path_and_needs_a_path_with_content(t
     with pytest.raises(pa.ProxmoxApiError, match="ca_path"):
         pa.install_ca(dict(ca_content=CA), False, str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_install_ca_unwritable_is_a_failure_not_a_traceback(tmp_path):
+    blocker = tmp_path / "etc"
+    blocker.write_text("a file where the directory should be\n")
+    with pytest.raises(pa.ProxmoxApiError, match="cannot put the CA at .*etc/kpro/pve-ca.pem") as e:
+        pa.install_ca(dict(ca_content=CA, ca_path=str(blocker / "kpro" / "pve-ca.pem")), False, str(tmp_path))
+    assert "writable" in e.value.remedy and blocker.read_text() == "a file where the directory should be\n"
