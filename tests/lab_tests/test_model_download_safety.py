@@ -115,6 +115,27 @@ def start_play(*args, log_path):
     return proc, out
 
 
+def kill_controller(proc):
+    """SIGKILL ansible-playbook and its workers, as when the controller dies. ansible-core starts each worker in a
+    session of its own (setsid), so the play's process group alone leaves a worker behind: the workers are found as
+    the play's children (by /proc) before the group is killed, and killed by PID."""
+    workers = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == proc.pid:   # the field after the name's ")": state, ppid
+                    workers.append(int(pid))
+        except (OSError, ValueError, IndexError):
+            pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
 def wait_for(cond, timeout, what):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -151,8 +172,7 @@ def test_controller_killed_mid_download_then_rerun(ready, tmp_path):
         # the token file was consumed as the job started (/var/log is in the disk walk above)
         assert ct(ready, "sh", "-c", "ls -A /run/kpro-hf 2>/dev/null; true").stdout.strip() == ""
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the controller (its process group: ansible-playbook and its workers)
-        proc.wait()
+        kill_controller(proc)
         out.close()
     have = present(files)
     missing = total - have
@@ -171,7 +191,7 @@ def test_controller_killed_mid_download_then_rerun(ready, tmp_path):
             time.sleep(0.1)
     finally:
         if again.poll() is None:
-            os.killpg(again.pid, signal.SIGKILL)
+            kill_controller(again)
         out2.close()
     elapsed = time.time() - t0
     text = open(str(tmp_path / "again.log")).read()
@@ -207,7 +227,7 @@ def test_dead_downloader_is_noticed_within_a_minute(ready, tmp_path):
         took = time.time() - killed
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_controller(proc)
         out.close()
     text = open(str(tmp_path / "play.log")).read()
     assert recap(text, "ct129")["failed"] == 1, text[-3000:]
