@@ -160,6 +160,15 @@ def checked(record, service, model_revision, retry):
     return facts, fail_fast(record, wanted, retry)
 
 
+def refuse_rolled_back(check, unit):
+    """sglang_service's deployment_check, before the converge changes anything: raise the Failure of a deployment that
+    failed its gate and was rolled back (unless ``check["retry"]``); else return whether it is recorded as good."""
+    facts, refusal = checked(load(record_path(check["state_dir"], unit)), check["service"], check["model_revision"], check["retry"])
+    if refusal:
+        raise refusal
+    return facts["recorded"]
+
+
 def record_good(record, wanted):
     """The record after ``wanted`` passed its gate: it becomes good; a failure of that same deployment is forgotten."""
     new = dict(record)

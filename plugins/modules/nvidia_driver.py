@@ -275,6 +275,8 @@ def main():
     driver = Driver(module)
     try:
         if module.params["release_look"] is not None:   # vfio_release's refusal first, as when it was a task of its own
+            if (module.params["mode"], module.params["state"]) != ("host", "present"):
+                raise Failure("bad_input", "release_look goes with mode=host and state=present (the gpu_host stage's look).")
             driver.extra["release"] = vfio_run.look(module, module.params["release_look"])
         if module.params["state"] == "fetched":
             driver.fetched()

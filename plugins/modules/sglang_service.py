@@ -405,11 +405,7 @@ def main():
     check = module.params["deployment_check"]
     try:
         if check:   # sglang_deployment state=checked's step, first: a refused deployment leaves everything as it is
-            record = dp.load(dp.record_path(check["state_dir"], module.params["unit"]))
-            facts, refusal = dp.checked(record, check["service"], check["model_revision"], check["retry"])
-            server.result["deployment_recorded"] = facts["recorded"]
-            if refusal:
-                raise refusal
+            server.result["deployment_recorded"] = dp.refuse_rolled_back(check, module.params["unit"])
         if module.params["state"] == "stopped":
             server.stopped()
         else:

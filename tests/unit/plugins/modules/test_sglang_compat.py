@@ -104,10 +104,12 @@ def test_the_filter_gives_the_modules_verdict_without_raising():
     input are returned for the role's assert, with the inputs it was asked about."""
     from ansible_collections.kpro.gpu_serving.plugins.filter.compat import sglang_compat
     ok = sglang_compat("0.5.11", "Qwen3_5ForConditionalGeneration", "2", {})
+    assert ok["msg"] == ok["message"]
     assert ok["action"] == "ok" and ok["tp"] == 2 and ok["version"] == "0.5.11" and ok["phase"] is None
     bad = sglang_compat("0.5.9", "Qwen3_5ForConditionalGeneration", 2)
     assert bad["action"] == "refuse" and bad["phase"] == "known_bad_version" and "#19070" in bad["prs"]
     assert "19070" in bad["message"] and bad["evidence"] == ["rule sglang-0.5.9-qwen3.5-dense-tp (#19070)"] and bad["remedy"]
+    assert bad["msg"] == "known_bad_version: %s Remedy: %s" % (bad["message"], bad["remedy"])
     assert sglang_compat("0.5.9", "Qwen3_5ForConditionalGeneration", 1)["action"] == "ok"
     overridden = sglang_compat("0.5.9", "Qwen3_5ForConditionalGeneration", 2, {"sglang-0.5.9-qwen3.5-dense-tp": "warn"})
     assert overridden["action"] == "warn"

@@ -530,10 +530,10 @@ def test_phase_boot_refresh_failed_keeps_rc_and_output(host):
     assert r["phase"] == "boot_refresh_failed" and r["rc"] != 0 and "stderr" in r
 
 
-def _driver_look(host, check_mode=True):
+def _driver_look(host, check_mode=True, mode="host"):
     """nvidia_driver with release_look (the gpu_host stage's one read-only call for both looks) on the fixture host."""
     from ansible_collections.kpro.gpu_serving.plugins.modules import nvidia_driver
-    a = dict(version="580.126.09", mode="host", proc_root=host.proc, release_look=dict(host.args, ids=None))
+    a = dict(version="580.126.09", mode=mode, proc_root=host.proc, release_look=dict(host.args, ids=None))
     try:
         run_module(nvidia_driver, a, check_mode=check_mode)
     except (AnsibleExitJson, AnsibleFailJson) as e:
@@ -553,6 +553,8 @@ def test_nvidia_driver_release_look_refuses_as_vfio_release_and_changes_nothing(
     refused = _driver_look(host)
     assert refused["failed"] is True and "release" not in refused, refused
     assert "VM 105 (win-gaming) is running with hostpci0" in refused["msg"] and refused["phase"] == run(host.args)["phase"]
+    other_mode = _driver_look(host, mode="userspace")
+    assert other_mode["failed"] is True and other_mode["phase"] == "bad_input" and "mode=host" in other_mode["msg"]
     outside = _driver_look(host, check_mode=False)
     assert outside["failed"] is True and outside["phase"] == "bad_input" and "check mode" in outside["msg"]
     assert tree_hash(host.root) == before and host.kernel.writes == [] and commands(host) == []
