@@ -36,10 +36,16 @@ def restart_reasons(props, stored_fingerprint, fingerprint, force=False):
     return reasons
 
 
-def launch_baseline(holders, our_pids, used_mib, stored_baseline):
-    """Per-GPU memory.used that is not the server's: measured when nothing holds the GPUs, else the one stored at
-    the running launch's start (None when neither is known)."""
-    if not our_pids and not holders:
+def launch_baseline(holders, our_pids, used_mib, stored_baseline, idle_used_mib):
+    """Per-GPU memory.used that is not the server's: measured when nothing holds the GPUs and every GPU is idle,
+    else the one stored at the running launch's start (None when neither is known).
+
+    Memory above ``idle_used_mib`` with no process listed is memory still being freed (a server that died a moment
+    ago: NVML's used memory and its process list are two calls, and one peer's stop ends the other nodes' servers),
+    not a baseline: taken for one, the plan refused a launch that fits (weights_oom with the old server's memory
+    counted as used). stop_and_release waits for that memory before the start, or refuses with unreleased."""
+    idle = used_mib is not None and all((u or 0) <= idle_used_mib for u in used_mib)
+    if not our_pids and not holders and idle:
         return used_mib
     return stored_baseline or None
 

@@ -358,7 +358,8 @@ class Server(object):
             return self.keep(props, stored)
         # a (re)start is needed: refuse early, before touching the running server
         self.check(facts, holders, ours)
-        plan = self.plan(facts, sr.launch_baseline(holders, ours, su.used_mib(facts), stored.get("baseline_mib")))
+        baseline = sr.launch_baseline(holders, ours, su.used_mib(facts), stored.get("baseline_mib"), self.p["idle_used_mib"])
+        plan = self.plan(facts, baseline)
         self.write_files()
         self.result.update(changed=True, restarted=True)
         if not self.m.check_mode:

@@ -31,9 +31,14 @@ def test_restart_reasons():
 
 
 def test_launch_baseline():
-    assert sr.launch_baseline([], [], [300, 310], [1, 1]) == [300, 310]          # nothing runs: measured
-    assert sr.launch_baseline([{"pid": 5}], [5], [30000, 30000], [300, 310]) == [300, 310]   # ours runs: stored
-    assert sr.launch_baseline([{"pid": 5}], [5], [30000, 30000], None) is None
+    assert sr.launch_baseline([], [], [300, 310], [1, 1], 1024) == [300, 310]          # nothing runs: measured
+    assert sr.launch_baseline([{"pid": 5}], [5], [30000, 30000], [300, 310], 1024) == [300, 310]   # ours runs: stored
+    assert sr.launch_baseline([{"pid": 5}], [5], [30000, 30000], None, 1024) is None
+    # no process listed, but a GPU above idle: a server that just died, its memory not yet freed (the two-node lab's
+    # rank 0 ended by its peer's stop): not a baseline; the stored one, else unknown
+    assert sr.launch_baseline([], [], [45110, 45110], [300, 310], 1024) == [300, 310]
+    assert sr.launch_baseline([], [], [300, 45110], None, 1024) is None
+    assert sr.launch_baseline([], [], None, None, 1024) is None                          # NVML not available
 
 
 def test_probe_regex_and_options_refusals():

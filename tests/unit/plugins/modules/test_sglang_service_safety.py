@@ -158,3 +158,29 @@ def test_deployment_check_refuses_a_rolled_back_deployment_before_the_server_is_
     assert same["deployment_recorded"] is True and not same["restarted"] and main_pid(lab) == pid
     other = service(lab, restart_sec=1, deployment_check=dict(check, service=serving_args, model_revision="other"))
     assert other["deployment_recorded"] is False and not other["restarted"] and open(path).read() == record_before
+
+
+def test_memory_still_being_freed_is_not_taken_for_the_baseline(serving):
+    """CI, test_two_nodes: a peer's stop ended rank 0's server a moment before its converge read NVML, whose used memory
+    and process list are two reads; the old server's memory, listed under no process, was taken for the baseline and
+    the plan refused a launch that fits (weights_oom: 4026 MiB free). Here the unit is stopped and its memory stays
+    used with no process for a moment: the restart plans with the stored baseline and waits for the memory."""
+    import time
+    lab, _res = serving
+    subprocess.run([lab.systemctl, "stop", "sglang.service"], env=dict(os.environ), check=True, capture_output=True)
+    with lab.labstate.modify(str(lab.root)) as st:
+        for gpu in st["gpus"]:
+            gpu["processes"], gpu["mem_used_mib"] = [], 45110
+
+    def freed():
+        time.sleep(1.5)
+        with lab.labstate.modify(str(lab.root)) as st:
+            for gpu in st["gpus"]:
+                gpu["mem_used_mib"] = 300
+    t = threading.Thread(target=freed, daemon=True)
+    t.start()
+    res = service(lab, restart_sec=1)
+    t.join()
+    lab.started.append(main_pid(lab))
+    assert res["restarted"] is True and res["plan"]["fits"] is True, res.get("msg")
+    assert res["released_after_s"] >= 1.0 and res["gpu_used_mib"] == [300, 300], res
