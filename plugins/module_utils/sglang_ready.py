@@ -17,6 +17,7 @@ import os
 import re
 import time
 
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
 
@@ -24,9 +25,50 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils import known_answ
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_multinode
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import load_json
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import diagnose, parse_log, select_launch
+
+# sglang_gate's options (the module's argument spec), and sglang_service's look (look_once): one spec for both.
+GATE_SPEC = dict(
+    unit=dict(type="str"),
+    systemctl=dict(type="path"),
+    pid=dict(type="int"),
+    log_path=dict(type="path"),
+    log_dir=dict(type="path"),
+    launch_id=dict(type="str"),
+    base_url=dict(type="str", default="http://127.0.0.1:30000"),
+    served_model_name=dict(type="str", required=True),
+    api_key=dict(type="str", no_log=True),
+    api_key_file=dict(type="path"),
+    plan=dict(type="dict"),
+    planned_weights_mib=dict(type="float"),
+    gpu_baseline_mib=dict(type="list", elements="float"),
+    timeout=dict(type="int", default=1800),
+    stall_timeout=dict(type="int", default=600),
+    poll_interval=dict(type="float", default=1.0),
+    http_timeout=dict(type="float", default=5.0),
+    probe_prompt=dict(type="str", default="The capital city of France is"),
+    probe_max_tokens=dict(type="int", default=16, no_log=False),
+    probe_timeout=dict(type="float", default=120),
+    fatal_grace=dict(type="float", default=5.0),
+    node_rank=dict(type="int", default=0),
+    expected_probe_regex=dict(type="str", default="(?i)paris"),
+    known_answer_checks=dict(type="list", elements="dict", options=dict(
+        name=dict(type="str"), endpoint=dict(type="str", choices=["chat", "completions"], default="chat"),
+        prompt=dict(type="str", required=True), expected=dict(type="str", required=True),
+        match=dict(type="str", choices=["exact", "lines", "number", "word"], default="exact"),
+        max_tokens=dict(type="int", default=64, no_log=False), min_mean_logprob=dict(type="float"))),
+    chat_template_kwargs=dict(type="dict"),
+    sglang_version=dict(type="str"),
+    model_dir=dict(type="path"),
+)
+GATE_REQUIRED_ONE_OF = [("unit", "pid"), ("log_path", "log_dir")]
+GATE_MUTUALLY_EXCLUSIVE = [("unit", "pid")]
+# what sglang_service's look may set: the launch's own (unit, log, launch id, key, plan, timeout) come from the converge
+LOOK_KEYS = ("base_url", "served_model_name", "http_timeout", "probe_prompt", "probe_max_tokens", "probe_timeout", "stall_timeout",
+             "expected_probe_regex", "known_answer_checks", "chat_template_kwargs", "sglang_version", "model_dir", "node_rank")
 
 
 def http(method, url, api_key=None, body=None, timeout=5.0):
@@ -93,9 +135,10 @@ class LogReader(object):
 
 
 class Gate(object):
-    def __init__(self, module):
+    def __init__(self, module, params=None):
+        """``params``: the gate's options (GATE_SPEC), validated; the module's own by default (sglang_gate)."""
         self.m = module
-        p = module.params
+        p = params if params is not None else module.params
         self.p = p
         self.t0 = time.time()
         self.base = p["base_url"].rstrip("/")
@@ -342,3 +385,30 @@ class Gate(object):
         if res["phase"] == "ready":
             out["time_to_ready_s"] = facts.get("time_to_ready_s", out["waited_s"])
         return out
+
+
+def look_options(look):
+    """sglang_service's look, checked before the converge changes anything: the keys a look may set (LOOK_KEYS; a null
+    one is left out), else a ``bad_input`` Failure."""
+    look = dict((k, v) for k, v in look.items() if v is not None)
+    extra = sorted(set(look) - set(LOOK_KEYS))
+    if extra:
+        raise Failure("bad_input", "look: %s not allowed (the launch's own come from the converge); allowed: %s"
+                      % (", ".join(extra), ", ".join(LOOK_KEYS)))
+    return look
+
+
+def look_once(module, look, unit, systemctl, converged, api_key=None):
+    """One gate check, in the converge's own module run, of the server it did not restart (the idempotent re-run): the
+    gate's code with a timeout of 1 s and the converge's launch (``converged``: its result: log, launch id, plan). A
+    server that is ready and answers right is done; else the gate module waits for it. The gate's result (``phase``
+    and the rest), never a failure of the converge: the gate that waits is the one that reports.
+
+    ``look``: from look_options; checked with the gate's own spec (ArgumentSpecValidator, as AnsibleModule does)."""
+    params = dict(look, unit=unit, systemctl=systemctl, log_path=converged.get("log_path"), launch_id=converged.get("launch_id"),
+                  api_key=api_key, plan=converged.get("plan"), timeout=1)
+    checked = ArgumentSpecValidator(GATE_SPEC, mutually_exclusive=GATE_MUTUALLY_EXCLUSIVE).validate(params)
+    if checked.error_messages:
+        raise Failure("bad_input", "look: %s" % "; ".join(checked.error_messages))
+    gate = Gate(module, checked.validated_parameters)
+    return gate.summary(gate.run())

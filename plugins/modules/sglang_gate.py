@@ -309,46 +309,14 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import read_text
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_ready import Gate
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_ready import GATE_MUTUALLY_EXCLUSIVE, GATE_REQUIRED_ONE_OF, GATE_SPEC, Gate
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            unit=dict(type="str"),
-            systemctl=dict(type="path"),
-            pid=dict(type="int"),
-            log_path=dict(type="path"),
-            log_dir=dict(type="path"),
-            launch_id=dict(type="str"),
-            base_url=dict(type="str", default="http://127.0.0.1:30000"),
-            served_model_name=dict(type="str", required=True),
-            api_key=dict(type="str", no_log=True),
-            api_key_file=dict(type="path"),
-            plan=dict(type="dict"),
-            planned_weights_mib=dict(type="float"),
-            gpu_baseline_mib=dict(type="list", elements="float"),
-            timeout=dict(type="int", default=1800),
-            stall_timeout=dict(type="int", default=600),
-            poll_interval=dict(type="float", default=1.0),
-            http_timeout=dict(type="float", default=5.0),
-            probe_prompt=dict(type="str", default="The capital city of France is"),
-            probe_max_tokens=dict(type="int", default=16, no_log=False),
-            probe_timeout=dict(type="float", default=120),
-            fatal_grace=dict(type="float", default=5.0),
-            node_rank=dict(type="int", default=0),
-            expected_probe_regex=dict(type="str", default="(?i)paris"),
-            known_answer_checks=dict(type="list", elements="dict", options=dict(
-                name=dict(type="str"), endpoint=dict(type="str", choices=["chat", "completions"], default="chat"),
-                prompt=dict(type="str", required=True), expected=dict(type="str", required=True),
-                match=dict(type="str", choices=["exact", "lines", "number", "word"], default="exact"),
-                max_tokens=dict(type="int", default=64, no_log=False), min_mean_logprob=dict(type="float"))),
-            chat_template_kwargs=dict(type="dict"),
-            sglang_version=dict(type="str"),
-            model_dir=dict(type="path"),
-        ),
-        required_one_of=[("unit", "pid"), ("log_path", "log_dir")],
-        mutually_exclusive=[("unit", "pid")],
+        argument_spec=GATE_SPEC,
+        required_one_of=GATE_REQUIRED_ONE_OF,
+        mutually_exclusive=GATE_MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
     if module.params["api_key_file"] and not module.params["api_key"]:

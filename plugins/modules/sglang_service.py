@@ -203,6 +203,17 @@ options:
         description: Where the deployment records are (M(kpro.gpu_serving.sglang_deployment)'s O(kpro.gpu_serving.sglang_deployment#module:state_dir)).
         type: path
         default: /var/lib/kpro-gpu-serving
+  look:
+    description:
+      - "With O(state=started), when the server was not (and in check mode would not be) restarted: one check of
+        M(kpro.gpu_serving.sglang_gate), its own code, with a timeout of 1 s, in this module run (the idempotent re-run
+        pays one module call instead of two). The gate's result is returned as RV(look); it never fails this module."
+      - "The gate's options that are not the launch's: V(base_url), V(served_model_name), V(http_timeout),
+        V(probe_prompt), V(probe_max_tokens), V(probe_timeout), V(stall_timeout), V(expected_probe_regex),
+        V(known_answer_checks), V(chat_template_kwargs), V(sglang_version), V(model_dir), V(node_rank) (see
+        M(kpro.gpu_serving.sglang_gate)); a key set to null is left out. The unit, its log, the launch id, the API key
+        and the plan are this module's. Another key fails with phase V(bad_input)."
+    type: dict
 extends_documentation_fragment: []
 attributes:
   check_mode:
@@ -258,6 +269,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+look:
+  description: With O(look), the result of the one gate check (that of M(kpro.gpu_serving.sglang_gate), its
+    RV(kpro.gpu_serving.sglang_gate#module:phase) V(ready) when the server serves and answers right).
+  returned: when O(look) is given and the server was not restarted
+  type: dict
+  sample: {"phase": "ready", "time_to_ready_s": 41.2, "gpu_used_mib": [44870, 44870]}
 deployment_recorded:
   description: With O(deployment_check), whether the wanted deployment is already recorded as the good one (recording it
     again after the gate would change nothing).
@@ -355,6 +372,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_ready import look_once, look_options
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_serve import Server
 
 
@@ -396,20 +414,24 @@ ARGUMENT_SPEC = dict(
         retry=dict(type="bool", default=False),
         state_dir=dict(type="path", default=dp.STATE_DIR),
     )),
+    look=dict(type="dict"),
 )
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     server = Server(module)
-    check = module.params["deployment_check"]
+    check, look = module.params["deployment_check"], module.params["look"]
     try:
+        look = look_options(look) if look is not None else None    # a bad key: refused before anything changes
         if check:   # sglang_deployment state=checked's step, first: a refused deployment leaves everything as it is
             server.result["deployment_recorded"] = dp.refuse_rolled_back(check, module.params["unit"])
         if module.params["state"] == "stopped":
             server.stopped()
         else:
             server.started()
+            if look is not None and not server.result["restarted"]:
+                server.result["look"] = look_once(module, look, server.unit, server.systemctl, server.result, module.params["api_key"])
     except failure.Failure as e:
         server.result.pop("diff", None)
         failure.fail(module, e, **server.result)

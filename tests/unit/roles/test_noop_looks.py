@@ -4,9 +4,9 @@
 """The read-only looks that spare the idempotent re-run its long waits (issue 17), read from the roles' tasks files and
 resolved by Ansible itself (as test_sglang_server_rollback_role does): no lab, no module runs.
 
-- The serve stage: a server this run did not restart is looked at once in the foreground (the gate's own module and
-  arguments, a timeout of 1 s); the background wait, polled every sglang_server_gate_poll, runs only when the look did
-  not pass, and its result is the one the rollback, the summary and the record read.
+- The serve stage: a server this run did not restart is looked at once by the converge itself (sglang_service look:
+  the gate's own code and options, a timeout of 1 s); the background wait, polled every sglang_server_gate_poll, runs
+  only when the look did not pass, and its result is the one the rollback, the summary and the record read.
 - The gpu_host stage: the installer is copied and verified unless the driver look found nothing to do and the release
   will not run; the look is the install's own arguments; the release (and its reboot) is included only when the look
   found something to release or a reboot required; after a release the driver is looked at again.
@@ -44,20 +44,32 @@ def _expr(when):
 
 def _gate_tasks():
     main = _tasks("sglang_server", "main.yml")
-    gates = [t for t in main if "kpro.gpu_serving.sglang_gate" in t]
+    converge = _named(main, "Converge the SGLang unit")
+    wait = [t for t in main if "kpro.gpu_serving.sglang_gate" in t]
     keep = _named(main, "Keep the gate's result")
-    return gates, keep
+    assert len(wait) == 1   # the look is the converge's (sglang_service look), not a module call of its own
+    return converge, wait[0], keep
 
 
-def test_the_look_is_the_gates_own_call_with_a_short_timeout():
-    (look, wait), _keep = _gate_tasks()
-    assert look["kpro.gpu_serving.sglang_gate"] == wait["kpro.gpu_serving.sglang_gate"]     # the same arguments
-    assert look["kpro.gpu_serving.sglang_gate"]["timeout"] == "{{ sglang_server__gate_wait_s }}"
-    assert look["vars"] == {"sglang_server__gate_wait_s": 1} and "async" not in look and look["failed_when"] is False
-    assert wait["vars"] == {"sglang_server__gate_wait_s": "{{ sglang_server_gate_timeout }}"}
+def _role_vars(role):
+    with open(os.path.join(ROLES, role, "vars", "main.yml")) as f:
+        return yaml.safe_load(f)
+
+
+def test_the_look_is_the_gates_own_options_with_a_short_timeout():
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_ready import LOOK_KEYS
+    converge, wait, _keep = _gate_tasks()
+    rv = _role_vars("sglang_server")
+    assert converge["args"] == "{{ sglang_server__converge_args }}"
+    assert "{'look': sglang_server__look_args} if sglang_server_state == 'started'" in rv["sglang_server__converge_args"]
+    look, gate = rv["sglang_server__look_args"], wait["kpro.gpu_serving.sglang_gate"]
+    # the same values as the gate's own task, for every gate option that is not the launch's (omit: null in a dict)
+    assert set(look) == set(gate) & set(LOOK_KEYS), set(look) ^ (set(gate) & set(LOOK_KEYS))
+    for key, value in look.items():
+        assert value == gate[key].replace("default(omit)", "default(none)").split("   #")[0], key
+    assert wait["kpro.gpu_serving.sglang_gate"]["timeout"] == "{{ sglang_server_gate_timeout }}"
     # the background wait is polled every sglang_server_gate_poll, whether or not this run restarted the server
     assert wait["poll"] == "{{ sglang_server_gate_poll }}"
-    assert "ignore_errors" not in look
 
 
 def _driver_look():
@@ -110,16 +122,15 @@ WAITED = {"changed": False, "failed": False, "phase": "ready", "waited_s": 40.0}
 
 
 def _playbook():
-    (look, wait), keep = _gate_tasks()
+    _converge, wait, keep = _gate_tasks()
     fetch, driver = _tasks("gpu_host", "fetch.yml"), _tasks("gpu_host", "driver.yml")
     relook, install = driver[0], driver[1]
-    wanted = {"wait": _expr(wait["when"]), "look": _expr(look["when"])}
+    wanted = {"wait": _expr(wait["when"])}
     assert wait["register"] == "sglang_server_gate"   # a failed wait that is not ignored stays readable as the result
     tasks = [
         {"name": "load", "ansible.builtin.include_vars": {"file": os.path.join(ROLES, "gpu_host", "vars", "main.yml")}},
         {"name": "scenario", "ansible.builtin.set_fact": {
-            "sglang_server_service": {"restarted": "{{ restarted }}"},
-            "sglang_server__gate_look": "{{ look_result if look_result is not none else skipped }}",
+            "sglang_server_service": "{{ {'restarted': restarted} | combine({'look': look_result} if look_result is not none else {}) }}",
             "gpu_host__driver_look": "{{ (driver_look if driver_look is not none else {}) | combine({'release': release_look}) }}",
             "gpu_host__driver_relook": "{{ {'would_change': true} if release_ran else skipped }}"}},
         {"name": "resolve", "ansible.builtin.debug": {"msg": "WIRED {{ resolved | to_json }}"},
@@ -151,10 +162,10 @@ def resolved(tmp_path_factory):
 
 
 def test_the_gate_waits_only_when_the_look_did_not_pass(resolved):
-    assert resolved["gate_restarted"]["WIRED"]["look"] is False and resolved["gate_restarted"]["WIRED"]["wait"] is True
-    assert resolved["gate_ready"]["WIRED"]["look"] is True and resolved["gate_ready"]["WIRED"]["wait"] is False
+    assert resolved["gate_restarted"]["WIRED"]["wait"] is True       # a launch of this run: no look, the gate waits
+    assert resolved["gate_ready"]["WIRED"]["wait"] is False
     for name in ("loading", "failing"):   # a loading or failing server: the wait decides and reports
-        assert resolved["gate_" + name]["WIRED"]["look"] is True and resolved["gate_" + name]["WIRED"]["wait"] is True
+        assert resolved["gate_" + name]["WIRED"]["wait"] is True
     # what the rollback, the summary and the record read: the look's result when it passed, else the wait's
     assert resolved["gate_ready"]["KEPT"]["phase"] == "ready" and resolved["gate_ready"]["KEPT"]["time_to_ready_s"] == 3.0
     for name in ("restarted", "loading", "failing"):

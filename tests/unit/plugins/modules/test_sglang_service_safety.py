@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.serve_lab import (  # noqa: F401  pylint: disable=unused-import
-    STANDIN, alive, fakenvml, serve_lab)
-from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.test_sglang_gate import main_pid, reaper, service
+    MODEL_NAME, STANDIN, alive, fakenvml, serve_lab)
+from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.test_sglang_gate import main_pid, reaper, service, unit_gate
 
 
 def _files(lab):
@@ -184,3 +184,23 @@ def test_memory_still_being_freed_is_not_taken_for_the_baseline(serving):
     lab.started.append(main_pid(lab))
     assert res["restarted"] is True and res["plan"]["fits"] is True, res.get("msg")
     assert res["released_after_s"] >= 1.0 and res["gpu_used_mib"] == [300, 300], res
+
+
+def test_look_checks_a_server_it_did_not_restart_once(serving):
+    """look: the gate's one check inside the converge's module run (the idempotent re-run pays one module call, not
+    two): ready with the probe and the known-answer check; no look after a restart (the gate waits for that launch); a
+    key that is the launch's own is refused before anything changes."""
+    lab, res = serving
+    assert unit_gate(lab, res)["phase"] == "ready"
+    look = {"base_url": "http://127.0.0.1:%d" % lab.port, "served_model_name": MODEL_NAME, "chat_template_kwargs": None}
+    again = service(lab, restart_sec=1, look=look)
+    assert again["restarted"] is False and again["look"]["phase"] == "ready", again.get("look")
+    assert again["look"]["launch_id"] == res["launch_id"] and again["look"]["known_answer"]["passed"] is True
+    assert "paris" in again["look"]["probe"]["text"].lower() and again["look"]["gpu_used_mib"]
+    pid, files = main_pid(lab), _files(lab)
+    bad = service(lab, expect_ok=False, restart_sec=1, look=dict(look, timeout=5, log_path="/tmp/x"))
+    assert bad["phase"] == "bad_input" and "log_path, timeout not allowed" in bad["msg"], bad["msg"]
+    assert main_pid(lab) == pid and _files(lab) == files
+    changed = service(lab, restart_sec=1, look=look, options=lab.options(max_running_requests=8))
+    lab.started.append(main_pid(lab))
+    assert changed["restarted"] is True and "look" not in changed
