@@ -129,6 +129,19 @@ def test_the_gate_takes_the_plan():
     assert not hasattr(sglang_ready, "weights_total_bytes") and not hasattr(sglang_ready, "memory_plan")
 
 
+def test_the_converges_look_takes_only_the_gates_own_options():
+    """sglang_service look: the gate's options that are not the launch's; a null is left out (the gate's default); the
+    launch's own (timeout, log, key) are refused before anything changes."""
+    assert set(sglang_ready.LOOK_KEYS) < set(sglang_ready.GATE_SPEC)
+    assert not set(sglang_ready.LOOK_KEYS) & {"unit", "systemctl", "pid", "log_path", "log_dir", "launch_id", "api_key",
+                                               "api_key_file", "plan", "timeout", "gpu_baseline_mib", "planned_weights_mib"}
+    look = sglang_ready.look_options({"served_model_name": "m", "chat_template_kwargs": None, "probe_max_tokens": 8})
+    assert look == {"served_model_name": "m", "probe_max_tokens": 8}
+    with pytest.raises(Failure) as e:
+        sglang_ready.look_options({"served_model_name": "m", "timeout": 600, "api_key": "k"})
+    assert e.value.phase == "bad_input" and "api_key, timeout not allowed" in e.value.msg
+
+
 def test_one_launch_header(tmp_path):
     assert "printf '%s %%s\\n'" % LAUNCH_HEADER in su.LAUNCHER_SCRIPT
     log = tmp_path / "x.log"
