@@ -67,17 +67,21 @@ sanity: setup
 lint: setup
 	$(BIN)/ansible-lint --profile production
 
+# One lab at a time on a machine (its namespaces and addresses are global): every target that uses the lab runs under
+# the lab's lock (tests/tools/lablock.py: flock on /tmp/kpgs-lab.lock; a command already under it goes on at once).
+LABLOCK := $(BIN)/python tests/tools/lablock.py
+
 lab-up: setup
-	$(BIN)/python tests/lab/labctl.py up
+	$(LABLOCK) $(BIN)/python tests/lab/labctl.py up
 
 lab-down: setup
-	$(BIN)/python tests/lab/labctl.py down
+	$(LABLOCK) $(BIN)/python tests/lab/labctl.py down
 
 lab-test: setup
-	$(BIN)/python -m pytest -q tests/lab_tests --durations=15
+	$(LABLOCK) $(BIN)/python -m pytest -q tests/lab_tests --durations=15
 
 molecule: setup
-	tests/tools/molecule.sh
+	$(LABLOCK) tests/tools/molecule.sh
 
 # The lab tests and molecule share the one lab, so they run one after the other, after the rest. -Otarget prints each
 # parallel job's output whole when it ends.
@@ -86,17 +90,17 @@ test: setup
 	$(MAKE) --no-print-directory lab-test molecule
 
 demo: setup
-	tests/tools/demo.sh
+	$(LABLOCK) tests/tools/demo.sh
 
 # One catalogue failure (or all) against the lab's serve stage, with the diagnosis: make drill DRILL=kv_cache_oom
 DRILL ?= all
 drill: setup
-	$(BIN)/python tests/tools/drill.py $(DRILL)
+	$(LABLOCK) $(BIN)/python tests/tools/drill.py $(DRILL)
 
 bench: setup
 	$(BIN)/python tests/bench/bench_gate.py --runs 5
-	$(BIN)/python tests/bench/bench_noop.py --runs 3
-	$(BIN)/python tests/bench/bench_pct.py --runs 3
+	$(LABLOCK) $(BIN)/python tests/bench/bench_noop.py --runs 3
+	$(LABLOCK) $(BIN)/python tests/bench/bench_pct.py --runs 3
 
 # Regenerate the SGLang lock for the container (real index): make sglang-lock SGLANG_VERSION=0.5.11 PYVER=3.11
 sglang-lock: setup
