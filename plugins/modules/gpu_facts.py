@@ -80,10 +80,10 @@ EXAMPLES = r"""
 - name: Fail unless both GPUs are on the nvidia driver
   ansible.builtin.assert:
     that:
-      - kpro_gpus.gpus | selectattr('id', 'equalto', '10de:2230') | map(attribute='driver') | unique == ['nvidia']
-      - kpro_gpus.nvml.available
-      - kpro_gpus.nvml.driver_version == '580.126.09'
-    fail_msg: "{{ kpro_gpus.nvml.msg | default('GPUs are not on the nvidia driver') }}"
+      - ansible_facts.kpro_gpus.gpus | selectattr('id', 'equalto', '10de:2230') | map(attribute='driver') | unique == ['nvidia']
+      - ansible_facts.kpro_gpus.nvml.available
+      - ansible_facts.kpro_gpus.nvml.driver_version == '580.126.09'
+    fail_msg: "{{ ansible_facts.kpro_gpus.nvml.msg | default('GPUs are not on the nvidia driver') }}"
 """
 
 RETURN = r"""

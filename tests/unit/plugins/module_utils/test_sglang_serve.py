@@ -133,8 +133,9 @@ def test_the_converges_look_takes_only_the_gates_own_options():
     """sglang_service look: the gate's options that are not the launch's; a null is left out (the gate's default); the
     launch's own (timeout, log, key) are refused before anything changes."""
     assert set(sglang_ready.LOOK_KEYS) < set(sglang_ready.GATE_SPEC)
-    assert not set(sglang_ready.LOOK_KEYS) & {"unit", "systemctl", "pid", "log_path", "log_dir", "launch_id", "api_key",
-                                               "api_key_file", "plan", "timeout", "gpu_baseline_mib", "planned_weights_mib"}
+    launch_own = {"unit", "systemctl", "pid", "log_path", "log_dir", "launch_id", "api_key", "api_key_file", "plan", "timeout",
+                  "gpu_baseline_mib", "planned_weights_mib"}
+    assert not set(sglang_ready.LOOK_KEYS) & launch_own
     look = sglang_ready.look_options({"served_model_name": "m", "chat_template_kwargs": None, "probe_max_tokens": 8})
     assert look == {"served_model_name": "m", "probe_max_tokens": 8}
     with pytest.raises(Failure) as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -71,6 +72,14 @@ def test_a_missing_peer_is_diagnosed_on_rank_0_and_on_rank_1(serve_lab):
     r0 = gate(serve_lab, p0, port0, "lone0001", False)
     assert r0["phase"] == "peer_missing" and r0["facts"]["nodes_joined"] == 1 and r0["facts"]["nodes_expected"] == 2
     assert "waiting for clients. 1/2 clients joined." in " ".join(r0["evidence"])
-    p1, port1 = start(serve_lab, 1, "lone1001", free_port())
-    r1 = gate(serve_lab, p1, port1, "lone1001", False, node_rank=1)
+    # rank 0's address: a port this test holds bound and never listens on, so nothing answers there and no other process
+    # can take it (a port merely found free could be a parallel test's rank 0 store a moment later: CI saw rank 1 join
+    # a stranger and report nccl_error when that one ended)
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    try:
+        p1, port1 = start(serve_lab, 1, "lone1001", held.getsockname()[1])
+        r1 = gate(serve_lab, p1, port1, "lone1001", False, node_rank=1)
+    finally:
+        held.close()
     assert r1["phase"] == "peer_missing" and "while trying to connect to (127.0.0.1," in " ".join(r1["evidence"])
