@@ -35,6 +35,7 @@ class Driver(object):
         self.log = []
         self.diff = []  # the systemd units written (or that check mode would write), before/after
         self.extra = {}  # more return values of the host step (the module's release look)
+        self._dkms = None  # DKMS's nvidia entries, read once until run() changes the host
 
     def fail(self, kind, msg, **extra):
         """Raise the named failure; RV(failure) keeps its old name, RV(phase) is the vocabulary's (failure.py)."""
@@ -42,7 +43,9 @@ class Driver(object):
         raise Failure(phase, msg, failure=kind, **extra)
 
     def run(self, argv, environ=None):
-        """Run a command and keep it in the returned ``steps`` (the operator sees what ran)."""
+        """Run a command that changes the host and keep it in the returned ``steps`` (the operator sees what ran); what
+        was read before it (DKMS's entries) is read again after it."""
+        self._dkms = None
         rc, out, err = self.m.run_command(argv, environ_update=environ)
         self.log.append({"cmd": argv, "rc": rc})
         return rc, out, err
@@ -59,11 +62,13 @@ class Driver(object):
         return read_proc_driver_version(self.p["proc_root"])
 
     def dkms_entries(self):
-        dkms = self.m.get_bin_path("dkms")
-        if not dkms:
-            return []
-        rc, out, err = self.m.run_command([dkms, "status", "-m", "nvidia"])
-        return ni.parse_dkms_status(out) if rc == 0 else []
+        """DKMS's nvidia entries, read once until a command changes the host (run()): the plan and the report of every
+        kernel both ask, and ``dkms status`` is a shell script that walks /var/lib/dkms (a look read it twice)."""
+        if self._dkms is None:
+            dkms = self.m.get_bin_path("dkms")
+            rc, out, _err = self.m.run_command([dkms, "status", "-m", "nvidia"]) if dkms else (1, "", "")
+            self._dkms = ni.parse_dkms_status(out) if rc == 0 else []
+        return self._dkms
 
     def nvml(self):
         # No nvidia-smi yet (no driver installed): only pynvml can answer, and will say why not.

@@ -162,3 +162,20 @@ def test_dkms_rebuild_failure_says_why_from_make_log(tmp_path):
     d.version = "580.126.09"
     e = raised(d.dkms_failed, "6.8.12-10-pve", 10, "", "Error! Bad return status")
     assert e.msg.endswith("(rc=10): Error! Bad return status") and e.remedy == ""
+
+
+def test_dkms_status_is_read_once_until_a_command_changes_the_host():
+    class Dkms(FakeModule):
+        def get_bin_path(self, name, required=False):
+            return "/usr/sbin/dkms" if name == "dkms" else None
+
+        def run_command(self, argv, environ_update=None):
+            self.ran.append(argv)
+            return 0, "nvidia/580.126.09, 6.8.12-9-pve, x86_64: installed\n", ""
+    m = Dkms()
+    d = nh.Driver(m)
+    first, second = d.dkms_entries(), d.dkms_entries()
+    assert first == second and first and m.ran == [["/usr/sbin/dkms", "status", "-m", "nvidia"]]
+    d.run(["dkms", "install", "-m", "nvidia", "-v", "580.126.09", "-k", "6.8.12-10-pve"])
+    d.dkms_entries()
+    assert [a[:2] for a in m.ran].count(["/usr/sbin/dkms", "status"]) == 2     # read again after the change
