@@ -19,9 +19,8 @@ def sglang_compat(version, architecture, tp=None, overrides=None):
     try:
         out = compat.verdict(str(version), str(architecture), tp, dict(overrides or {}), warn=Display().warning)
     except Failure as e:
-        # the module's failure result (failure.py), its msg with the remedy as fail() writes it: the assert's fail_msg
-        out = dict(e.result(), action="refuse", message=e.msg)
-        out["msg"] += " Remedy: " + e.remedy if e.remedy else ""
+        # the module's failure result (failure.py), its msg as fail() reports it: the assert's fail_msg
+        out = dict(e.result(), action="refuse", message=e.msg, msg=e.message())
     # msg always: the assert's fail_msg is templated whether or not the assert passes
     return dict(out, msg=out.get("msg", out["message"]), version=str(version), architecture=str(architecture), tp=tp)
 

@@ -105,6 +105,10 @@ class Failure(Exception):
         out.update(phase=self.phase, msg="%s: %s" % (self.phase, self.msg), evidence=self.evidence, remedy=self.remedy)
         return out
 
+    def message(self):
+        """The failed task's msg, as fail() reports it: the phase, the message, then the remedy."""
+        return "%s: %s%s" % (self.phase, self.msg, " Remedy: " + self.remedy if self.remedy else "")
+
 
 class PhasedError(Failure):
     """Base of the module_utils error types that carry a message first (``raise XError(msg)``) and a default phase."""
@@ -117,7 +121,5 @@ class PhasedError(Failure):
 
 def fail(module, failure, **result):
     """Fail the module with ``failure`` (plus whatever the module had to report)."""
-    result.update(failure.result())
-    if failure.remedy:
-        result["msg"] += " Remedy: " + failure.remedy
+    result.update(failure.result(), msg=failure.message())
     module.fail_json(**result)
