@@ -12,6 +12,7 @@ apt's own plan (dependencies included), so ``--check`` shows exactly what a run 
 from __future__ import annotations
 
 import re
+import shlex
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 
@@ -52,6 +53,22 @@ def installed(dpkg_query_out):
 
 def missing(wanted, present):
     return [n for n in wanted if n not in present]
+
+
+def listing(names, dpkg_query_out, kernel):
+    """deb_packages' result before apt is asked: which of ``names`` dpkg lists missing (nothing installed yet)."""
+    names = expand(names, kernel)
+    return dict(changed=False, missing=missing(names, installed(dpkg_query_out)), would_install=[], kernel=kernel)
+
+
+def query_shell(names):
+    """A shell line that prints dpkg-query's lines (DPKG_QUERY_FORMAT) for ``names``, ``{kernel}`` expanded there: a
+    preflight's raw probe reads the packages in the round trip it makes anyway. A name dpkg does not know prints
+    nothing (it is missing); the line's status is always 0."""
+    if not names:
+        return "true"
+    return ("{ printf '%%s\\n' %s | sed \"s/{kernel}/$(uname -r)/g\" | xargs -r dpkg-query -W -f %s 2>/dev/null; } || true"
+            % (" ".join(shlex.quote(n) for n in names), shlex.quote(DPKG_QUERY_FORMAT)))
 
 
 def simulation(stdout, stderr):

@@ -115,8 +115,8 @@ def main():
     names = debpkg.expand(module.params["name"], kernel)
     # dpkg-query without names would list every package: nothing asked, nothing to query.
     out = module.run_command(["dpkg-query", "-W", "-f", debpkg.DPKG_QUERY_FORMAT] + names)[1] if names else ""
-    missing = debpkg.missing(names, debpkg.installed(out))
-    result = dict(changed=False, missing=missing, would_install=[], kernel=kernel)
+    result = debpkg.listing(names, out, kernel)
+    missing = result["missing"]
     if not missing:
         module.exit_json(**result)
     apt_get = module.get_bin_path("apt-get", required=True)

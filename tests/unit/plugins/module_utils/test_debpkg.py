@@ -5,6 +5,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+
+import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import debpkg
 
@@ -56,3 +60,41 @@ def test_install_argv_keeps_recommends_and_config_files_out():
 def test_apt_failed_keeps_the_end_of_apts_output():
     f = debpkg.apt_failed("install", ["a", "b"], 100, "\n".join("line %d" % i for i in range(20)))
     assert f.phase == "apt_failed" and "rc 100" in f.msg and f.evidence == ["line %d" % i for i in range(10, 20)]
+
+
+def test_query_shell_lists_with_this_machines_dpkg_and_listing_reads_it():
+    """The probe's line run by a real shell and this machine's dpkg-query: a known package is listed, an unknown one
+    prints nothing and the line still exits 0, {kernel} is the running kernel there; the listing reads it."""
+    if not shutil.which("dpkg-query"):
+        pytest.skip("no dpkg-query on this machine")
+    names = ["bash", "kpgs-no-such-package", "kpgs-headers-{kernel}"]
+    r = subprocess.run(["sh", "-c", debpkg.query_shell(names)], capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and r.stderr == ""
+    assert "bash\tinstalled" in r.stdout.splitlines()
+    kernel = os.uname().release
+    result = debpkg.listing(names, r.stdout, kernel)
+    assert result == dict(changed=False, missing=["kpgs-no-such-package", "kpgs-headers-" + kernel], would_install=[],
+                          kernel=kernel)
+
+
+def test_query_shell_quotes_each_name_and_asks_nothing_for_no_names():
+    assert debpkg.query_shell([]) == "true"
+    line = debpkg.query_shell(["a b", "c;rm -rf /"])
+    assert "'a b'" in line and "'c;rm -rf /'" in line
+
+
+def test_listing_counts_only_installed_as_installed():
+    out = "dkms\tconfig-files\nkmod:amd64\tinstalled\nproxmox-headers-6.8.12-9-pve\tinstalled\n"
+    assert debpkg.listing(["kmod", "dkms", "proxmox-headers-{kernel}"], out, "6.8.12-9-pve")["missing"] == ["dkms"]
+
+
+def test_the_filters_give_the_probe_line_and_the_modules_listing():
+    """plugins/filter/debpkg.py: the roles' raw probes use the same line and the same reading as the module; the
+    probe's lines come as a list (stdout_lines) or as one text."""
+    from ansible_collections.kpro.gpu_serving.plugins.filter import debpkg as f
+    assert f.FilterModule().filters()["dpkg_query_sh"](["kmod"]) == debpkg.query_shell(["kmod"])
+    lines = ["kmod\tinstalled", "dkms\tconfig-files"]
+    want = dict(changed=False, missing=["dkms"], would_install=[], kernel="6.8.12-9-pve")
+    assert f.dpkg_listing(["kmod", "dkms"], lines, "6.8.12-9-pve\n") == want
+    assert f.dpkg_listing(["kmod", "dkms"], "\n".join(lines), "6.8.12-9-pve") == want
+    assert f.dpkg_listing([], [], "6.8.12-9-pve")["missing"] == []
