@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -126,3 +127,34 @@ def test_drifted_uvm_node_restarts_the_container_and_a_lock_is_reported(lab):
     assert "locked (lock: backup) but nothing needs to change" in r.stdout
     with open(conf, "w") as f:
         f.write(text)
+
+
+def test_preflight_refusals_name_the_cause(lab, tmp_path):
+    """Each preflight check that merged into one task still refuses with its own words, on the host it concerns, and
+    changes nothing: the API's TLS (a CA that did not sign the node's certificate, through the pve_api lookup), the
+    Proxmox VE release, the host's room for the driver, a container that is not configured, the model's disk."""
+    other_ca = tmp_path / "other-ca.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "k.pem"),
+                    "-out", str(other_ca), "-days", "1", "-subj", "/CN=not the lab's CA"], check=True, capture_output=True)
+    rows = [
+        ("kpro5", ["HTTP -1", "certificate verify failed", "The certificate is not trusted"],
+         ["-e", "pve_api_ca_path=%s" % other_ca]),
+        ("kpro5", ["Proxmox VE 8.4 is older than 99.0."], ["-e", "preflight_pve_min_release=99.0"]),
+        ("kpro5", ["bytes free under /var/cache, 1000000000000000 needed."],
+         ["-e", "preflight_host_min_free_bytes=1000000000000000"]),
+        ("ct129", ["Container 998 is not configured on kpro5", "998"], ["-e", "pve_vmid=998"]),
+        ("ct129", ["but the model needs 1000000000000000: grow the container's rootfs (pct resize 129 rootfs +NG)"],
+         ["-e", "preflight_model_bytes=1000000000000000"]),
+    ]
+    for host, needles, extra in rows:
+        before = disk_digest()
+        r = play("--tags", "preflight", *extra)
+        assert recap(r.stdout, host)["failed"] == 1, (extra, r.stdout[-3000:])
+        if host != "kpro5":  # a container's refusal is its own: its host passes
+            assert recap(r.stdout)["failed"] == 0, (extra, r.stdout[-3000:])
+        flat = " ".join(r.stdout.split())
+        for needle in needles:
+            assert needle in flat, (needle, r.stdout[-3000:])
+        for s in secrets():
+            assert s not in r.stdout
+        assert disk_digest() == before

@@ -142,6 +142,19 @@ def test_missing_lock_names_the_regeneration_command(site):
     assert res["failed"] == 1 and re.search(r"regenerate.sh 0.5.13 3\.[0-9]+", res["out"]), res["out"]
 
 
+def test_a_venv_on_another_python_is_refused_before_uv_or_the_venv_is_touched(site):
+    """The probe reads the venv's Python; one that is not the lock's Python fails with the fix, before uv's install."""
+    venv, uv_venv = site / "other-python" / "venv", site / "other-python" / "uv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("#!/bin/sh\nprintf '3.99\\n0.5.11\\n'\n")
+    (venv / "bin" / "python").chmod(0o755)
+    res = play(site, "-e", "sglang_install_venv=%s" % venv, "-e", "sglang_install_uv_venv=%s" % uv_venv)
+    out = " ".join(res["out"].split())
+    assert res["failed"] == 1 and re.search(r"runs Python 3\.99 but the lock is for 3\.[0-9]+", out), res["out"]
+    assert "rm -rf %s" % venv in out
+    assert not uv_venv.exists() and sorted(p.name for p in venv.iterdir()) == ["bin"]
+
+
 def test_pruning_never_removes_a_kept_venv_in_use(site):
     """keep_venvs=1 prunes every older copy, except the recorded good deployment's and the one a unit runs."""
     venvs, state, units = site / "kept", site / "state", site / "units"
