@@ -320,6 +320,10 @@ from ansible.utils.display import Display
 display = Display()
 
 CONTAINER_SHELL = "/bin/sh"
+# Printed by the host's shell just before pct runs. bash reads root's .bashrc for an ssh command too (Debian builds it
+# with SSH_SOURCE_BASHRC, and root's .bashrc has no "not interactive: return"), so whatever it prints comes first on
+# stdout; everything up to and including this line is dropped, for a module's JSON, a raw task's lines and a fetched file.
+START = b"--- kpro.gpu_serving.pct start ---\n"
 # ssh's SSH_ASKPASS program for pct_password: it answers from ssh's own environment (printf is a shell
 # builtin, so the password is in no argv). The script holds no secret; it lives in the control path dir.
 ASKPASS_VAR = "_KPRO_PCT_PASSWORD"
@@ -359,6 +363,27 @@ _SSH_ERROR_RE = re.compile(
 def _ssh_quote(value):
     """A path as one value of ``ssh -o Key=value``: ssh splits the value and expands %-tokens and ~."""
     return '"%s"' % to_text(value).replace("%", "%%")
+
+
+def after_start(stdout):
+    """``stdout`` after the START line (what the host's login shell printed before it is dropped); as is without one."""
+    i = stdout.find(START)
+    return stdout[i + len(START):] if i >= 0 else stdout
+
+
+def drop_before_start(path, head=1 << 16):
+    """A fetched file without what precedes START, which is within its first ``head`` bytes: the rest is copied in
+    chunks (a fetched file can be large), and a file without START is left as it is."""
+    with open(path, "rb") as f:
+        i = f.read(head).find(START)
+    if i < 0:
+        return
+    tmp = path + b".kpro-start"
+    with open(path, "rb") as src, open(tmp, "wb") as dst:
+        src.seek(i + len(START))
+        for chunk in iter(lambda: src.read(1 << 20), b""):
+            dst.write(chunk)
+    os.replace(tmp, path)
 
 
 class Connection(ConnectionBase):
@@ -505,7 +530,8 @@ class Connection(ConnectionBase):
         """Run a command line on the Proxmox host (its login shell parses it); return (rc, stdout, stderr) as bytes.
 
         The input is ``in_data`` (bytes) or the open file ``stdin_file``; without either the command reads EOF.
-        With ``stdout_file`` the output goes there (and b"" is returned)."""
+        With ``stdout_file`` the output goes there (and b"" is returned); the caller drops what precedes START."""
+        command = "printf '%s' " + shlex.quote(to_text(START)) + "; " + command
         argv = self._ssh_base() + ["--", self._host(), command]
         display.vvvv("SSH %s" % shlex.join(argv), host=self._host())
         password = self.get_option("pct_password") is not None
@@ -520,7 +546,7 @@ class Connection(ConnectionBase):
             raise AnsibleConnectionFailure("kpro.gpu_serving.pct: cannot run %s (the OpenSSH client is needed on the "
                                            "controller): %s" % (argv[0], to_native(e)))
         stdout, stderr = proc.communicate(in_data if stdin is subprocess.PIPE else None)
-        return proc.returncode, stdout or b"", stderr or b""
+        return proc.returncode, after_start(stdout or b""), stderr or b""
 
     def _check_failure(self, rc, stderr):
         """Raise when pct or ssh failed (as opposed to the command in the container)."""
@@ -599,6 +625,7 @@ class Connection(ConnectionBase):
         try:
             with open(b_out, "wb") as f:
                 rc, dummy, stderr = self._host_run(command, stdout_file=f)
+            drop_before_start(b_out)
             self._check_failure(rc, stderr)
             if rc != 0:
                 raise AnsibleError("kpro.gpu_serving.pct: fetching CT %s:%s failed (rc=%d): %s" % (

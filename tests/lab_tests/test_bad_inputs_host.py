@@ -158,3 +158,29 @@ def test_preflight_refusals_name_the_cause(lab, tmp_path):
         for s in secrets():
             assert s not in r.stdout
         assert disk_digest() == before
+
+
+def test_a_login_banner_on_the_host_changes_no_reading(lab):
+    """root's .bashrc (Debian's has no "not interactive: return") runs for every ssh command, so what it prints comes
+    first: the preflight's raw probes on the host are read from their marker on (roles/preflight/vars/main.yml), and
+    the pct connection drops it before a raw task's lines or a module's JSON (START). The preflight reads the same
+    host and container with the banner as without it."""
+    def reports():
+        r = play("--tags", "preflight")
+        assert recap(r.stdout)["failed"] == 0 and recap(r.stdout, "ct129")["failed"] == 0, r.stdout[-3000:]
+        flat = " ".join(r.stdout.split())
+        return [re.search(pattern, flat).group(0) for pattern in (r"kpro5: Proxmox VE [^']*", r"CT 129 on kpro5: [^']*")]
+
+    plain = reports()
+    bashrc = os.path.join(lab.root, "root/.bashrc")
+    with open(bashrc) as f:
+        before = f.read()
+    try:
+        with open(bashrc, "a") as f:
+            f.write("echo 'Welcome to kpro5'; echo 'status: stopped'; echo present; echo '6.1.0-99-amd64'\n")
+        with_banner = reports()
+    finally:
+        with open(bashrc, "w") as f:
+            f.write(before)
+    assert with_banner == plain
+    assert "kernel 6.8.12-9-pve" in plain[0] and "status: running" in plain[1] and "GiB free for the model" in plain[1]

@@ -44,6 +44,9 @@ if os.environ.get("FAKE_SSH_RC"):
     sys.stderr.write(os.environ.get("FAKE_SSH_STDERR", ""))
     sys.exit(int(os.environ["FAKE_SSH_RC"]))
 i = argv.index("--")
+# root's .bashrc, which bash reads for an ssh command too, may print before the command runs
+sys.stdout.write(os.environ.get("FAKE_SSH_BANNER", ""))
+sys.stdout.flush()
 os.execv("/bin/bash", ["bash", "-c", argv[i + 2]])
 """ % sys.executable
 
@@ -69,7 +72,7 @@ def ssh(tmp_path, monkeypatch):
     stub.chmod(0o755)
     log = tmp_path / "ssh.log"
     monkeypatch.setenv("FAKE_SSH_LOG", str(log))
-    for var in ("FAKE_SSH_RC", "FAKE_SSH_STDERR", "ANSIBLE_HOST_KEY_CHECKING", "ANSIBLE_REMOTE_USER", "ANSIBLE_REMOTE_PORT",
+    for var in ("FAKE_SSH_RC", "FAKE_SSH_STDERR", "FAKE_SSH_BANNER", "ANSIBLE_HOST_KEY_CHECKING", "ANSIBLE_REMOTE_USER", "ANSIBLE_REMOTE_PORT",
                 "ANSIBLE_PRIVATE_KEY_FILE", "ANSIBLE_SSH_COMMON_ARGS", "ANSIBLE_PCT_HOST_KEY_CHECKING"):
         monkeypatch.delenv(var, raising=False)
 
@@ -118,8 +121,12 @@ def opts(argv):
     return out
 
 
+START = "printf '%s' " + shlex.quote(pct_mod.START.decode()) + "; "
+
+
 def pct_exec_line(inner, vmid=129, pct="/usr/sbin/pct"):
-    return shlex.join([pct, "exec", str(vmid), "--", "/bin/sh", "-c", 'export HOME="${HOME:-/root}"; ' + inner])
+    """The host's command line: the START line (see test_a_login_banner_...), then pct exec."""
+    return START + shlex.join([pct, "exec", str(vmid), "--", "/bin/sh", "-c", 'export HOME="${HOME:-/root}"; ' + inner])
 
 
 # ---------------------------------------------------------------------------------------------- the ssh command line
@@ -259,7 +266,7 @@ TRICKY = [
 
 def test_exec_sudo_on_host(ssh, tmp_path):
     make_conn(tmp_path, ssh, pct_sudo=True, pct_command="/usr/local/sbin/pct").exec_command("id -u")
-    assert split(ssh.calls()[0]["argv"])[2] == "sudo -n -- " + pct_exec_line("id -u", pct="/usr/local/sbin/pct")
+    assert split(ssh.calls()[0]["argv"])[2] == START + "sudo -n -- " + pct_exec_line("id -u", pct="/usr/local/sbin/pct")[len(START):]
 
 
 def test_pipelining_sends_stdin(ssh, tmp_path):
@@ -371,7 +378,7 @@ def test_put_file_streams_into_the_container(ssh, tmp_path):
     dest.parent.mkdir()
     make_conn(tmp_path, ssh).put_file(str(src), str(dest))
     assert dest.read_bytes() == b"payload"
-    assert split(ssh.calls()[0]["argv"])[2] == shlex.join([ssh.pct, "exec", "129", "--", "/bin/sh", "-c", 'cat > "$1"', "sh", str(dest)])
+    assert split(ssh.calls()[0]["argv"])[2] == START + shlex.join([ssh.pct, "exec", "129", "--", "/bin/sh", "-c", 'cat > "$1"', "sh", str(dest)])
 
 
 def test_put_and_fetch_round_trip_with_odd_names(ssh, tmp_path):
@@ -384,7 +391,7 @@ def test_put_and_fetch_round_trip_with_odd_names(ssh, tmp_path):
     assert (ct / "dest $x `y`").read_bytes() == src.read_bytes()
     conn.fetch_file(str(ct / "dest $x `y`"), str(tmp_path / "back"))
     assert (tmp_path / "back").read_bytes() == src.read_bytes()
-    assert split(ssh.calls()[1]["argv"])[2] == shlex.join(
+    assert split(ssh.calls()[1]["argv"])[2] == START + shlex.join(
         [ssh.pct, "exec", "129", "--", "/bin/sh", "-c", 'exec cat -- "$1"', "sh", str(ct / "dest $x `y`")])
 
 
@@ -425,3 +432,21 @@ def test_reset_closes_the_shared_connection(ssh, tmp_path):
     before, dest, command = split(ssh.calls()[0]["argv"])
     assert before[-2:] == ["-O", "exit"] and dest == "10.213.5.2" and command is None
     assert opts(before)["ControlPath"] == '"%s"' % path
+
+
+def test_a_login_banner_on_the_host_reaches_neither_a_command_nor_a_fetched_file(ssh, tmp_path, monkeypatch):
+    """What the host's login shell prints before the command (root's .bashrc runs for an ssh command on Debian) is
+    dropped up to the START line: a raw task's lines, a module's JSON and a fetched file are the container's own."""
+    monkeypatch.setenv("FAKE_SSH_BANNER", "Welcome to kpro5\n--- not the start ---\n{\"json\": \"from the banner\"}\n")
+    conn = make_conn(tmp_path, ssh)
+    rc, out, err = conn.exec_command("printf 'present\\n6.8.12-9-pve\\n'")
+    assert (rc, out, err) == (0, b"present\n6.8.12-9-pve\n", b"")
+    src = tmp_path / "big"
+    src.write_bytes(b"x" * (3 * 2 ** 20) + b"end")
+    conn.fetch_file(str(src), str(tmp_path / "back"))
+    assert (tmp_path / "back").read_bytes() == src.read_bytes()
+    # a file that itself holds the START line keeps it: only the first one, before the file's bytes, is dropped
+    twice = tmp_path / "twice"
+    twice.write_bytes(pct_mod.START + b"data")
+    conn.fetch_file(str(twice), str(tmp_path / "twice-back"))
+    assert (tmp_path / "twice-back").read_bytes() == pct_mod.START + b"data"
