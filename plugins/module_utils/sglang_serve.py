@@ -30,6 +30,9 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_f
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import read_launch_header
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_plan import load_json, plan as memory_plan
 
+# How long a port held by a process that is not this unit's is looked at again before the launch is refused.
+PORT_GRACE_S = 5.0
+
 
 def write_atomic(path, text, mode, dir_mode=0o755):
     """Replace ``path`` with ``text``, its mode exactly ``mode`` (fileio.atomic_write, the collection's one writer),
@@ -193,10 +196,17 @@ class Server(object):
         return None
 
     def port_busy(self, port, our_pids):
-        listeners = []
-        for name in ("tcp", "tcp6"):
-            listeners += su.parse_proc_net_tcp(read_text("/proc/net/%s" % name))
-        return su.port_taken(port, listeners, su.socket_inodes(our_pids))
+        """Whether a socket that is not ours listens on ``port``, looked at again for PORT_GRACE_S: a server that has
+        just ended (rank 0 after losing its peer, say) can hold its port a moment after its unit stopped listing it."""
+        deadline = time.time() + PORT_GRACE_S
+        while True:
+            listeners = []
+            for name in ("tcp", "tcp6"):
+                listeners += su.parse_proc_net_tcp(read_text("/proc/net/%s" % name))
+            busy = su.port_taken(port, listeners, su.socket_inodes(our_pids))
+            if not busy or time.time() >= deadline:
+                return busy
+            time.sleep(0.25)
 
     def check(self, facts, holders, ours):
         """All problems in one failure, before the old server is stopped; then the foreign GPU holders."""

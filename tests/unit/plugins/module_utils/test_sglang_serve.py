@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
@@ -170,3 +171,21 @@ def test_render_reads_the_venv_lock_once(tmp_path):
     server = sglang_serve.Server(FakeModule(tmp_path))
     server.render()
     assert server.lock == "1" * 64
+
+
+def test_a_port_held_by_a_server_that_is_ending_is_looked_at_again(monkeypatch):
+    """A listener that is not ours and goes away within PORT_GRACE_S (rank 0 ending after its peer was lost) is not a
+    refusal; one that stays is, after the grace."""
+    ss = sglang_serve
+    listening = "  0: 00000000:7530 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1\n"
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    t0 = time.time()
+    monkeypatch.setattr(ss, "read_text", lambda p: head + (listening if p.endswith("/tcp") and time.time() - t0 < 0.6 else ""))
+    monkeypatch.setattr(ss.su, "socket_inodes", lambda pids: set())
+    assert ss.Server.port_busy(None, 30000, []) is False
+    assert 0.5 <= time.time() - t0 < ss.PORT_GRACE_S
+    monkeypatch.setattr(ss, "PORT_GRACE_S", 0.6)
+    monkeypatch.setattr(ss, "read_text", lambda p: head + (listening if p.endswith("/tcp") else ""))
+    t1 = time.time()
+    assert ss.Server.port_busy(None, 30000, []) is True
+    assert time.time() - t1 >= 0.6
