@@ -18,7 +18,8 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Fa
 DENSE_QWEN35 = ["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"]
 
 # Each rule: id, sglang (PEP 440 specifier set), architectures (list, "*" = any), tp (">1", "any", ">=N", "==N"),
-# action (refuse | warn), pr, reason, remedy; optional "when" (a condition on the model config, see _when()).
+# action (refuse | warn), pr, reason, remedy; optional "when" (a condition on the model config, see _when()) and
+# "symptom": "start" for a bug that stops the server's start (check() leaves it out unless asked: start_failures).
 RULES = [
     {
         "id": "sglang-0.5.9-qwen3.5-dense-tp",
@@ -47,6 +48,36 @@ RULES = [
                    "gating wrong (accuracy regression 49/50 -> 3/50). Fixed by sgl-project/sglang PR #22312 (issue #22311), in 0.5.11."),
         "remedy": "Pin sglang >= 0.5.11.",
         "sources": ["https://github.com/sgl-project/sglang/pull/22312", "https://github.com/sgl-project/sglang/issues/22311"],
+    },
+    {
+        # 0.5.11 (PR #23707 put the code in; 0.5.10.post1 has no jit_kernel/activation.py and runs sgl_kernel's
+        # prebuilt silu_and_mul), 0.5.12 and 0.5.12.post1 carry jit_kernel/csrc/elementwise/activation.cuh:94-96 unchanged;
+        # 0.5.13 has PR #26444's kernel_fn_t. Compiled here with sglang's flags, nvcc 13.0.88 + g++ 12.2: 0.5.11, 0.5.12,
+        # 0.5.12.post1 fail with the error below, 0.5.13 builds (its unary kernel included).
+        "id": "sglang-jit-activation-nvcc",
+        "sglang": ">=0.5.11.dev0,<0.5.13",
+        # every model with a SiLU (or GELU) gated MLP on CUDA: srt/layers/activation.py:54-59 imports silu_and_mul from
+        # sglang.jit_kernel.activation whenever is_cuda()
+        "architectures": ["*"],
+        "tp": "any",
+        # warn: the failure depends on the nvcc / host compiler pair of the container, which the table cannot see
+        "action": "warn",
+        # the server fails to start; a server that answers is past it (known_answer's suspects leave it out)
+        "symptom": "start",
+        "pr": "#26444",
+        "reason": ("SGLang 0.5.11 to 0.5.12.post1 run SiluAndMul through their own JIT kernel (jit_kernel/csrc/elementwise/"
+                   "activation.cuh, built by tvm-ffi with nvcc at the first forward pass); its select_kernel's trailing "
+                   "decltype does not compile with some nvcc / host compiler pairs (sgl-project/sglang#25487: nvcc 13.0 with "
+                   "torch 2.11.0+cu130; #25682: nvcc 12.9; reproduced with nvcc 13.0.88 and g++ 12.2): 'activation.cuh:95:52: "
+                   "error: type/value mismatch at argument 1 in template parameter list ... expected a type, got "
+                   "ActivationKind::kSiLU' inside 'ninja exited with status 1'. The first start then fails during CUDA graph "
+                   "capture, after the model has loaded (with --disable-cuda-graph, at the warmup request). Fixed by "
+                   "sgl-project/sglang PR #26444, in 0.5.13."),
+        "remedy": ("Pin sglang >= 0.5.13 (sglang_install_version, and regenerate the lock: roles/sglang_install/files/locks/"
+                   "regenerate.sh), or, when this container's nvcc and g++ are known to compile it, override the rule "
+                   "knowingly (sglang_install_compat_overrides: {sglang-jit-activation-nvcc: ignore})."),
+        "sources": ["https://github.com/sgl-project/sglang/pull/26444", "https://github.com/sgl-project/sglang/issues/25487",
+                    "https://github.com/sgl-project/sglang/issues/25682", "https://github.com/sgl-project/sglang/pull/24136"],
     },
 ]
 
@@ -224,13 +255,16 @@ def _when(cond, config):
     return True
 
 
-def check(version, architecture, tp, overrides=None, rules=None, config=None):
+def check(version, architecture, tp, overrides=None, rules=None, config=None, start_failures=False):
     """Check an SGLang version against the table for one model architecture and TP size.
 
     overrides: dict {rule_id: "ignore" | "warn" | "refuse"} from the inventory, to downgrade (or upgrade) a
       rule knowingly; an override is reported in the result.
     rules: the table to use (default RULES; the inventory may extend it: RULES + extra).
     config: the model's config.json dict, for rules with a condition on the model.
+    start_failures: also the rules with "symptom": "start" (a bug that stops the server's start, such as a JIT compile
+      error at the first forward). verdict(), the preflight's and stage 5's question, asks for them; the suspects of a
+      running server's wrong answer (known_answer.py) do not: a server that answers is past them.
 
     Returns dict(action: ok | warn | refuse, phase: "known_bad_version" | None, rules: [matched rules with their
     effective action], message, remedy).
@@ -239,6 +273,8 @@ def check(version, architecture, tp, overrides=None, rules=None, config=None):
     table = RULES if rules is None else rules
     matched = []
     for rule in table:
+        if rule.get("symptom") == "start" and not start_failures:
+            continue
         archs = rule.get("architectures") or ["*"]
         if "*" not in archs and architecture not in archs:
             continue
@@ -286,7 +322,7 @@ def verdict(version, architecture, tp, overrides=None, model_config=None, warn=N
     known = set(r["id"] for r in RULES)
     unknown = sorted(set(overrides) - known)
     try:
-        result = check(version, architecture, tp, overrides=overrides, config=model_config)
+        result = check(version, architecture, tp, overrides=overrides, config=model_config, start_failures=True)
     except InvalidVersion as e:
         raise Failure("bad_version", "version %r: %s" % (version, e), remedy="Give a PEP 440 version such as 0.5.11.",
                       action="refuse", rules=[], prs=[], message=str(e))
@@ -302,5 +338,6 @@ def verdict(version, architecture, tp, overrides=None, model_config=None, warn=N
                       evidence=["rule %s (%s)" % (r["id"], r.get("pr") or "no PR") for r in rules if r.get("action") == "refuse"],
                       **dict((k, v) for k, v in out.items() if k not in ("phase", "remedy")))
     if result["action"] == "warn":
-        warn(result["message"])
+        # the remedy too: a warning is all a normal run shows of a rule that warns (the filter's Display().warning)
+        warn(result["message"] + (" Remedy: %s" % result["remedy"] if result["remedy"] else ""))
     return out

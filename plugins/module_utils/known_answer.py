@@ -13,7 +13,17 @@ Each check: ``name``, ``endpoint`` (``chat``: ``/v1/chat/completions`` with the 
 reasoning parser; ``completions``: ``/v1/completions``, raw text), ``prompt``, ``expected``, ``match`` (how the answer is
 compared, see :func:`matches`), ``max_tokens``, and optionally ``min_mean_logprob`` (the mean log-probability of the
 greedy answer's tokens must be above it; SGLang returns it with ``logprobs``; it drops for numerically broken tensor
-parallelism). Standard library only; Python 3.9+.
+parallelism) and ``chat_template_kwargs`` (this check's own, over the run's; ``{}`` sends none, as an ordinary client).
+
+A chat answer whose ``content`` holds the model's thinking (a ``<think>`` or ``</think>`` tag) fails as
+``thinking_in_content``: every client that does not turn thinking off gets it. A Qwen3 model thinks unless the request
+sends ``chat_template_kwargs: {enable_thinking: false}``; Qwen3.5/3.6's template opens ``<think>`` in the prompt, so the
+generated text is the thinking, ``</think>``, the answer. SGLang 0.5.11 separates it only with ``--reasoning-parser
+qwen3``: serving_chat.py:1059-1105 runs the parser (none configured: all of the text is content) with
+``force_reasoning`` true for every request that does not send ``enable_thinking: false`` (serving_chat.py:1396-1401),
+and Qwen3Detector.detect_and_parse (parser/reasoning_parser.py:55-102, 217-247) puts the text before ``</think>`` into
+``reasoning_content`` and the rest into ``content``. The default check ``plain_chat`` asks the way such a client does.
+Standard library only; Python 3.9+.
 """
 
 from __future__ import annotations
@@ -40,12 +50,19 @@ DEFAULT_CHECKS = [
     # the greedy answer's mean log-probability is measured and returned; min_mean_logprob (null: none) makes it a check
     {"name": "logprob", "endpoint": "completions", "prompt": "The capital city of France is", "expected": "Paris", "match": "word",
      "max_tokens": 8, "min_mean_logprob": None},
+    # as an ordinary client asks (no chat_template_kwargs: a Qwen3 model thinks first): the thinking must not come back in
+    # content (--reasoning-parser qwen3 moves it to reasoning_content), the answer must; max_tokens leaves room to think
+    {"name": "plain_chat", "endpoint": "chat", "prompt": "What is the capital of Italy? Answer with the city name only.",
+     "expected": "Rome", "match": "word", "max_tokens": 2048, "chat_template_kwargs": {}},
 ]
 DEFAULT_CHAT_TEMPLATE_KWARGS = {"enable_thinking": False}
 MATCHES = ("exact", "lines", "number", "word")
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# the kinds a reasoning parser (or its absence) causes: their remedy is the parser's, not the suspects'
+PARSER_KINDS = ("reasoning_only", "thinking_in_content")
 SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
 
+THINK_START, THINK_END = "<think>", "</think>"
 _THINK_RE = re.compile(r"<think>.*?</think>", re.S)
 _FENCE_RE = re.compile(r"^```[\w-]*\n?(.*?)\n?```$", re.S)
 _NUMBER_RE = re.compile(r"-?\d+(?:[,_ ]\d{3})*(?:\.\d+)?")
@@ -140,10 +157,13 @@ def matches(match, expected, received, prompt=""):
 
 
 def request_body(check, model, chat_template_kwargs):
-    """The request of one check: greedy (temperature 0), not streamed; completions ask for the tokens' logprobs."""
+    """The request of one check: greedy (temperature 0), not streamed; completions ask for the tokens' logprobs. A chat
+    check sends its own ``chat_template_kwargs`` when it has them (``{}``: none), else the run's."""
     body = {"model": model, "max_tokens": int(check.get("max_tokens") or 64), "temperature": 0, "stream": False}
     if check.get("endpoint", "chat") == "chat":
         body["messages"] = [{"role": "user", "content": check["prompt"]}]
+        if check.get("chat_template_kwargs") is not None:
+            chat_template_kwargs = check["chat_template_kwargs"]
         if chat_template_kwargs:
             body["chat_template_kwargs"] = dict(chat_template_kwargs)
         if check.get("min_mean_logprob") is not None:
@@ -176,10 +196,22 @@ def answer_of(endpoint, resp):
     return choice.get("text"), None, choice
 
 
+def thinking_in(content):
+    """The thinking a chat answer's ``content`` holds, or None when it has no ``<think>``/``</think>`` tag: the text
+    before the last ``</think>`` (Qwen3.5/3.6: no opening tag, it is in the prompt), else the text after ``<think>``."""
+    text = content or ""
+    if THINK_END in text:
+        return text.rsplit(THINK_END, 1)[0].replace(THINK_START, "").strip() or "(an empty thinking block)"
+    if THINK_START in text:
+        return text.split(THINK_START, 1)[1].strip() or "(an empty thinking block)"
+    return None
+
+
 def judge(check, status, resp):
     """One check's outcome: dict(name, endpoint, prompt, expected, received, ok, kind, why, mean_logprob).
     kind: None (passed), ``http`` (no answer), ``reasoning_only`` (empty content, the answer in reasoning_content),
-    ``degenerate`` (garbage), ``wrong`` (a readable wrong answer), ``low_logprob``."""
+    ``thinking_in_content`` (chat content holds the thinking; the answer is still matched after it), ``degenerate``
+    (garbage), ``wrong`` (a readable wrong answer), ``low_logprob``."""
     endpoint = check.get("endpoint", "chat")
     out = {"name": check.get("name") or check["prompt"][:24], "endpoint": PATHS[endpoint], "prompt": check["prompt"],
            "expected": str(check["expected"]), "received": None, "ok": False, "kind": None, "why": "", "mean_logprob": None}
@@ -192,6 +224,16 @@ def judge(check, status, resp):
         out["reasoning_content"] = reasoning[:300]
     if not (content or "").strip() and (reasoning or "").strip():
         out.update(kind="reasoning_only", why="content is empty; the whole answer is in reasoning_content")
+        return out
+    thought = thinking_in(content) if endpoint == "chat" else None
+    if thought is not None:
+        if THINK_END in content:
+            ok, why = matches(check.get("match") or "exact", check["expected"], content.rsplit(THINK_END, 1)[1], check["prompt"])
+            after = "after it the answer matches" if ok else "after it the answer does not match either: " + why
+        else:
+            after = "the thinking did not close within max_tokens (no answer after it)"
+        out.update(kind="thinking_in_content", thinking=thought[:300], why="content holds the model's thinking (%s tag); %s" % (
+            THINK_END if THINK_END in content else THINK_START, after))
         return out
     deg = detect_degenerate(content)
     if deg["degenerate"]:
@@ -287,6 +329,40 @@ def _reasoning_remedy(server_args):
             "(qwen3 for Qwen3) or drop it from sglang_server_options." % ("--reasoning-parser %s" % parser if parser else "none configured"))
 
 
+def reasoning_parser_for(architecture):
+    """The SGLang reasoning parser of a model architecture (Qwen3 family: qwen3), or None when not known here."""
+    return "qwen3" if (architecture or "").startswith("Qwen3") else None
+
+
+def _thinking_remedy(server_args, architecture, names):
+    sa = server_args or {}
+    want = reasoning_parser_for(architecture)
+    have = sa.get("reasoning_parser") if "reasoning_parser" in sa else "?"
+    if have is None:
+        how = "the server runs without --reasoning-parser, so all of the generated text, the thinking and its </think> too, is content"
+    elif have == "?":
+        how = "the server's reasoning parser did not separate it (or none is configured)"
+    else:
+        how = "the server's --reasoning-parser %s does not separate this model's thinking" % have
+    return ("Chat clients get the model's thinking in content (check %s; plain_chat asks as a client that sends no "
+            "chat_template_kwargs): %s. Run SGLang "
+            "with the model's reasoning parser, %s (sglang_server_options.reasoning_parser: %s; the role sets it for the architectures "
+            "in sglang_server_model_parsers, Qwen3.5/3.6 among them, unless sglang_server_options sets it to null), so that the "
+            "thinking goes to reasoning_content and content holds the answer." % (
+                ", ".join(names), how, "--reasoning-parser %s" % (want or "qwen3 for Qwen3"), want or "<the parser of this model>"))
+
+
+def _parser_remedy(failed, server_args, architecture):
+    """The remedies of the parser kinds among ``failed`` (the answer in reasoning_content only, thinking in content)."""
+    out = []
+    if any(r["kind"] == "reasoning_only" for r in failed):
+        out.append(_reasoning_remedy(server_args))
+    thinking = [r["name"] for r in failed if r["kind"] == "thinking_in_content"]
+    if thinking:
+        out.append(_thinking_remedy(server_args, architecture, thinking))
+    return " ".join(out)
+
+
 def failure(result, server_args=None, version=None, architecture=None, config=None):
     """dict(phase, evidence, remedy) for a known-answer result that did not pass: ``wrong_answer`` (a readable wrong answer,
     the answer only in reasoning_content, a low logprob), ``degenerate_output`` (garbage), ``warmup_failed`` (no answer)."""
@@ -299,15 +375,17 @@ def failure(result, server_args=None, version=None, architecture=None, config=No
                      "  received: %s" % _show(r["received"])]
         if r.get("reasoning_content"):
             evidence.append("  reasoning_content: %s" % _show(r["reasoning_content"]))
+        if r.get("thinking"):
+            evidence.append("  thinking in content: %s" % _show(r["thinking"]))
         if r.get("mean_logprob") is not None:
             evidence.append("  mean logprob of the answer: %s" % r["mean_logprob"])
-    if all(r["kind"] == "reasoning_only" for r in failed):
-        return {"phase": phase, "evidence": evidence, "remedy": _reasoning_remedy(server_args)}
+    if all(r["kind"] in PARSER_KINDS for r in failed):
+        return {"phase": phase, "evidence": evidence, "remedy": _parser_remedy(failed, server_args, architecture)}
     found = suspects(server_args, version, architecture, config)
     evidence += ["suspect %d: %s" % (i + 1, s["suspect"]) for i, s in enumerate(found)]
     what = "degenerate text" if phase == "degenerate_output" else "wrong answers" if phase == "wrong_answer" else "no answer"
     remedy = "The server answers with %s to %d of %d known-answer checks at temperature 0. Suspects, most likely first: %s" % (
         what, len(failed), len(result["checks"]), " ".join("(%d) %s: %s." % (i + 1, s["suspect"], s["remedy"]) for i, s in enumerate(found)))
-    if any(r["kind"] == "reasoning_only" for r in failed):
-        remedy += " " + _reasoning_remedy(server_args)
+    if any(r["kind"] in PARSER_KINDS for r in failed):
+        remedy += " " + _parser_remedy(failed, server_args, architecture)
     return {"phase": phase, "evidence": evidence, "remedy": remedy}

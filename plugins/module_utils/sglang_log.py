@@ -22,6 +22,7 @@ import calendar
 import re
 import time
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.compat import RULES as COMPAT_RULES
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
 # The diagnosis vocabulary (DESIGN.md) lives in failure.py, with the host's phases.
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PHASES, TERMINAL_PHASES  # noqa: F401 pylint: disable=unused-import
@@ -321,6 +322,7 @@ _SA_FIELDS = {
     "speculative_eagle_topk": int, "speculative_num_draft_tokens": int, "disable_radix_cache": bool, "disable_cuda_graph": bool,
     "enable_torch_compile": bool, "mamba_ssm_dtype": str, "max_mamba_cache_size": int, "kv_cache_dtype": str, "dtype": str,
     "attention_backend": str, "disable_custom_all_reduce": bool, "enable_p2p_check": bool,
+    "reasoning_parser": str, "tool_call_parser": str,
     "nnodes": int, "node_rank": int, "dist_init_addr": str,
 }
 
@@ -975,6 +977,137 @@ def _peer_failure(L):
         "log and gate: it names why it did not start." % ((" " + str(addr)) if addr else "", e["msg"][:160].strip())))
 
 
+# --------------------------------------------------------------------------------------------
+# The runtime compile toolchain: SGLang 0.5.11 compiles at its first forward (CUDA graph capture, the warmup request or
+# a first request): Triton 3.6.0 its C launcher, FlashInfer 0.6.8.post1 its JIT kernels (nvcc driven by ninja).
+# --------------------------------------------------------------------------------------------
+
+_NVCC = ("the nvidia-cuda-nvcc wheel of torch's CUDA release (in the venv's lock) with CUDA_HOME=<venv>/cuda in the server's "
+         "environment")
+# (regex searched in every line, the missing piece, what provides it). The first line of the log that matches names the
+# piece; "{pydev}" becomes python3.X-dev for the Python the log's paths show. Header rules match any locale's message.
+_TOOLCHAIN_RULES = tuple((re.compile(rx), piece, remedy) for rx, piece, remedy in (
+    # triton 3.6.0 runtime/build.py:26-33: no $CC, no gcc, no clang on PATH
+    (r"Failed to find C compiler", "a C compiler (gcc)", "the Debian package gcc"),
+    # triton 3.6.0 runtime/build.py:34-41: gcc compiles cuda_utils.c / the launcher against sysconfig's Python include
+    (r"fatal error: Python\.h:", "the Python headers (Python.h)", "the Debian package {pydev} (the headers of the venv's Python)"),
+    # flashinfer 0.6.8.post1 jit/cpp_ext.py get_system_includes / build_common_cflags: -isystem $cuda_home/include
+    (r"fatal error: (?:cuda|curand|cublas|cusparse|cufft|nvrtc|crt/)\w*\.h:", "the CUDA headers", _NVCC),
+    # flashinfer 0.6.8.post1 jit/cpp_ext.py:48-64 (get_cuda_path; older releases: "Could not find nvcc"), its
+    # get_cuda_version running $cuda_home/bin/nvcc; torch cpp_extension's CUDA_HOME check; a shell without nvcc
+    (r"Could not find nvcc|No such file or directory: '[^']*nvcc'|nvcc: not found|CUDA_HOME environment variable is not set",
+     "the CUDA compiler (nvcc)", _NVCC),
+    # flashinfer 0.6.8.post1 jit/cpp_ext.py:315-323 (run_ninja: "ninja" from PATH); torch cpp_extension verify_ninja_availability
+    (r"No such file or directory: '[^']*ninja'|Ninja is required to load C\+\+ extensions", "ninja",
+     "the ninja wheel in the venv with <venv>/bin on the server's PATH"),
+    # flashinfer jit/cpp_ext.py generate_ninja_build_for_op ldflags: -L$cuda_home/lib64 -lcudart (the wheel has lib/ only)
+    (r"cannot find -lcudart\b", "the CUDA runtime's link library (libcudart.so under $CUDA_HOME/lib64)", _NVCC + " (its lib64 link)"),
+    # the same ldflags: -L$cuda_home/lib64/stubs -lcuda; triton links -lcuda too
+    (r"cannot find -lcuda\b", "the driver's link library (libcuda.so)",
+     "the NVIDIA userspace of the container (stage 4, nvidia_driver mode=userspace, which installs the libcuda.so link)"),
+    # nvcc's host compiler: host_config.h refuses the gcc, or nvcc/torch find no C++ compiler
+    (r"unsupported GNU version", "a host compiler this nvcc supports", "the Debian package g++ of the release's default gcc"),
+    (r"nvcc fatal\s*:\s*Failed to preprocess host compiler|InvalidCxxCompiler|Command '\['which', 'c\+\+'\]'"
+     r"|(?:c\+\+|g\+\+|cc1plus): not found", "a C++ compiler (g++)", "the Debian package g++"),
+))
+# Triton's launcher build failing with its error line not in the excerpt (triton 3.6.0 runtime/build.py:48, check_call):
+# only an exception line counts, not SGLang's "Ignore import error when loading ..." warning.
+_TOOLCHAIN_CC_FAILED = re.compile(r"(?:CalledProcessError: |Capture cuda graph failed: )Command '\['[^']*(?:gcc|/cc|clang)[^']*', "
+                                  r"'[^']*\.c'")
+
+
+def _toolchain_hit(lines):
+    """(line index, piece, remedy) of the first line that names a missing piece of the toolchain, or None."""
+    weak = None
+    for i, line in enumerate(lines):
+        for rx, piece, remedy in _TOOLCHAIN_RULES:
+            if rx.search(line):
+                return i, piece, remedy
+        if weak is None and _TOOLCHAIN_CC_FAILED.search(line):
+            weak = (i, "a piece of the C toolchain Triton's launcher needs (the compiler's own error is above the traceback, "
+                       "not in this excerpt: most often Python.h)", "the Debian packages gcc and {pydev}")
+    return weak
+
+
+def _toolchain_failure(L):
+    """runtime_toolchain_missing: the first forward died because a compiler, header, nvcc or ninja is missing."""
+    hit = _toolchain_hit(L.parsed["lines"])
+    if hit is None:
+        return None
+    index, piece, remedy = hit
+    # a toolchain line that did not end the launch (the process lives on, no failure in the log, or it came before ready)
+    if not L.marked_fatal() and (L.alive or (L.ready_line is not None and index < L.ready_line["index"])):
+        return None
+    tb = _pick_traceback(L.parsed, lambda t: t["end"] >= index) or _root_traceback(L.parsed)
+    stage = _stage_from_frames(tb) or _stage_at(L.parsed, index)
+    py = re.search(r"python(3\.\d+)", "\n".join(L.parsed["lines"]))
+    remedy = remedy.format(pydev="python%s-dev" % py.group(1) if py else "python3-dev (python3.X-dev of the venv's Python)")
+    L.facts.update({"failure": "runtime_toolchain_missing", "missing": piece, "failed_stage": stage,
+                    "exception": _tb_exception(tb) or L.parsed["lines"][index].strip()[:300]})
+    where = {"cuda_graph": "while capturing CUDA graphs", "warmup": "on its warmup request", "http": "on its warmup request",
+             "serving": "on a first request"}.get(stage, "at its first forward")
+    return L.result("runtime_toolchain_missing", [{"index": index}], tb, (
+        "The server died %s because the container lacks %s, which SGLang's runtime compilation needs (Triton's C launcher, "
+        "FlashInfer's JIT kernels); --disable-cuda-graph or a lower --mem-fraction-static do not help. Install %s. The "
+        "container stage provides it (stage 5, sglang_install, checks the toolchain before the model download): re-run it "
+        "(--tags container) to put back what was removed since." % (where, piece, remedy)))
+
+
+# --------------------------------------------------------------------------------------------
+# A bug of the SGLang version, seen in the log: a compile error in SGLang's own JIT source that a rule of the
+# compatibility table names (compat.py RULES: the diagnosis gives that rule's reason and remedy).
+# --------------------------------------------------------------------------------------------
+
+# (regex searched in every line, the compat rule's id); the first line that matches names the rule.
+_KNOWN_BAD_LOG = tuple((re.compile(rx), rule_id) for rx, rule_id in (
+    # sglang 0.5.11 .. 0.5.12.post1 jit_kernel/csrc/elementwise/activation.cuh:94-96, select_kernel's trailing
+    # `-> decltype(activation_kernel<ActivationKind::kSiLU, kFilterExpert>)`, built by tvm-ffi (ninja + nvcc) at the first
+    # forward (jit_kernel/activation.py:31-45; srt/layers/activation.py:54-59 on CUDA). The host compiler's error as
+    # tvm-ffi's "RuntimeError: ninja exited with status 1" carries it (sgl-project/sglang#25487, #25682, PR #24136;
+    # reproduced with nvcc 13.0.88 + g++ 12.2): "activation.cuh:95:52: error: type/value mismatch at argument 1 in
+    # template parameter list for ..." and its note "expected a type, got '...ActivationKind::kSiLU'". Fixed by PR #26444.
+    (r"(?:^|/)activation\.cuh[:(][\d:)]+\s*error: type/value mismatch at argument 1 in template parameter list",
+     "sglang-jit-activation-nvcc"),
+    (r"note:\s+expected a type, got [\u2018'`][^\u2019'`]*ActivationKind::kSiLU", "sglang-jit-activation-nvcc"),
+))
+
+
+def _known_bad_hit(lines):
+    """(the compat rule, indexes of its lines in the log, at most 4) for the first line that shows a rule's bug, or None."""
+    rule_id, found = None, []
+    for i, line in enumerate(lines):
+        for rx, rid in _KNOWN_BAD_LOG:
+            if rx.search(line) and rid == (rule_id or rid):
+                rule_id = rid
+                found.append(i)
+                break
+    rule = next((r for r in COMPAT_RULES if r["id"] == rule_id), None)
+    return (rule, found[:4]) if rule else None
+
+
+def _known_bad_failure(L):
+    """known_bad_version: the first forward died on a compile error of SGLang's own JIT source that a rule of the table
+    names. Ahead of runtime_toolchain_missing (the compiler ran: nothing is missing) and cuda_graph_failed (its memory
+    and graph-size remedies do not help)."""
+    hit = _known_bad_hit(L.parsed["lines"])
+    if hit is None:
+        return None
+    rule, indexes = hit
+    # as for the toolchain: a line that did not end the launch (the process lives on, or it came before ready)
+    if not L.marked_fatal() and (L.alive or (L.ready_line is not None and indexes[0] < L.ready_line["index"])):
+        return None
+    tb = _pick_traceback(L.parsed, lambda t: t["end"] >= indexes[0]) or _root_traceback(L.parsed)
+    stage = _stage_from_frames(tb) or _stage_at(L.parsed, indexes[0])
+    L.facts.update({"failure": "known_bad_version", "compat_rule": rule["id"], "prs": [rule.get("pr")], "failed_stage": stage,
+                    "exception": _tb_exception(tb) or L.parsed["lines"][indexes[0]].strip()[:300]})
+    where = {"cuda_graph": "while capturing CUDA graphs", "warmup": "on its warmup request", "http": "on its warmup request",
+             "serving": "on a first request"}.get(stage, "at its first forward")
+    return L.result("known_bad_version", [{"index": i} for i in indexes], tb, (
+        "The server died %s on a known bug of this SGLang version (compatibility table rule %s, fixed by sgl-project/sglang "
+        "PR %s): %s %s --disable-cuda-graph or a lower --mem-fraction-static do not help."
+        % (where, rule["id"], rule.get("pr", "?"), rule.get("reason", ""), rule.get("remedy", ""))))
+
+
 def _graph_failure(L):
     e = _first(L.ms, "graph_failed")
     if e is None:
@@ -1210,8 +1343,9 @@ def _exit_failure(L):
     return res
 
 
-_FAILURE_CHECKS = (_driver_failure, _argparse_failure, _peer_failure, _nccl_failure, _graph_failure, _kv_failure, _oom_failure, _port_failure,
-                   _warmup_failure, _traceback_failure, _death_failure, _exit_failure)
+_FAILURE_CHECKS = (_driver_failure, _argparse_failure, _peer_failure, _nccl_failure, _known_bad_failure, _toolchain_failure,
+                   _graph_failure, _kv_failure, _oom_failure, _port_failure, _warmup_failure, _traceback_failure, _death_failure,
+                   _exit_failure)
 
 
 def _pre_launch(compat, driver, foreign_processes):

@@ -24,6 +24,7 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import known_answer as ka
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_multinode
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import toolchain
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import load_json
@@ -59,10 +60,13 @@ GATE_SPEC = dict(
         name=dict(type="str"), endpoint=dict(type="str", choices=["chat", "completions"], default="chat"),
         prompt=dict(type="str", required=True), expected=dict(type="str", required=True),
         match=dict(type="str", choices=["exact", "lines", "number", "word"], default="exact"),
-        max_tokens=dict(type="int", default=64, no_log=False), min_mean_logprob=dict(type="float"))),
+        max_tokens=dict(type="int", default=64, no_log=False), min_mean_logprob=dict(type="float"),
+        chat_template_kwargs=dict(type="dict"))),
     chat_template_kwargs=dict(type="dict"),
     sglang_version=dict(type="str"),
     model_dir=dict(type="path"),
+    compile_cache_dir=dict(type="path"),
+    compile_cache_files=dict(type="int"),
 )
 GATE_REQUIRED_ONE_OF = [("unit", "pid"), ("log_path", "log_dir")]
 GATE_MUTUALLY_EXCLUSIVE = [("unit", "pid")]
@@ -384,6 +388,7 @@ class Gate(object):
                    nrestarts=self.nrestarts)
         if res["phase"] == "ready":
             out["time_to_ready_s"] = facts.get("time_to_ready_s", out["waited_s"])
+            out["compile_cache"] = toolchain.cache_report(self.p["compile_cache_dir"], self.p["compile_cache_files"])
         return out
 
 

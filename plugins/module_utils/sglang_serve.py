@@ -24,6 +24,7 @@ import time
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_restart as sr
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import toolchain
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, read_text
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts
@@ -164,6 +165,13 @@ class Server(object):
             return hard
         return nofile
 
+    def environment(self):
+        """The unit's environment: the runtime toolchain's and the compile caches' (toolchain.runtime_environment), then
+        the inventory's over it."""
+        env = toolchain.runtime_environment(self.p["venv"], self.p.get("compile_cache_dir"))
+        env.update(self.p.get("environment") or {})
+        return env
+
     def render(self):
         p = self.p
         refusal = sr.probe_regex_refusal(p["probe_regex"]) or sr.options_refusal(self.opts, p["api_key"])
@@ -174,7 +182,7 @@ class Server(object):
         try:
             self.unit_text, line = su.render_service(
                 self.unit, p["venv"], self.opts, env_file=self.env_file, launcher=p["launcher"], log_dir=p["log_dir"],
-                environment=p["environment"], timeout_stop_sec=p["timeout_stop_sec"], user=p["user"], python=p["python"],
+                environment=self.environment(), timeout_stop_sec=p["timeout_stop_sec"], user=p["user"], python=p["python"],
                 limit_nofile=self.limit_nofile(), secret_file=self.secret_path if self.secret_text else None,
                 restart=dict((k, p[k]) for k in su.RESTART_DEFAULTS))
             self.env_text = su.render_env({})
@@ -334,6 +342,7 @@ class Server(object):
         # a start of ours must not count against StartLimitBurst= (systemd 252 src/core/unit.c unit_reset_failed()
         # resets the start rate limit); a failed state from an earlier launch is cleared with it
         self.run([self.systemctl, "reset-failed", self.unit])
+        self.result["compile_cache_files"] = toolchain.count_files(self.p.get("compile_cache_dir"))  # the gate compares at ready
         self.systemctl_do("start", remedy="See systemctl status %s and journalctl -u %s; check the ExecStart (venv, launcher)."
                           % (self.unit, self.unit))
         lid = self.launch_id_after_start(self.show(), old_target)

@@ -14,7 +14,7 @@ description:
   - Reads the SGLang server log of one launch and names the phase the launch is in or failed in, with the
     evidence (the log lines of this launch, per-GPU MiB, exit status) and the remedy (the flag to change).
   - "The phase is one of the collection's diagnosis vocabulary: V(ready), V(loading), V(not_started),
-    V(init_failed_before_gpu), V(weights_oom), V(kv_cache_oom), V(nccl_error), V(cuda_graph_failed),
+    V(init_failed_before_gpu), V(weights_oom), V(kv_cache_oom), V(nccl_error), V(runtime_toolchain_missing), V(cuda_graph_failed),
     V(port_in_use), V(warmup_failed), V(degenerate_output), V(gpu_memory_held), V(version_mismatch),
     V(known_bad_version), V(timeout)."
   - "With O(launch_id), only the part of the log under the header line C(# kpro-launch-id: <launch_id>) is

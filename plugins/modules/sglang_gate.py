@@ -26,12 +26,14 @@ description:
     call: C(/v1/chat/completions) (the model's chat template, the server's reasoning parser; the answer must be in
     C(content), not only in C(reasoning_content)) and C(/v1/completions). By default: counting from 1 to 20 one number per
     line (a dropped or duplicated draft token shows), a multi-digit sum, a fact, an instruction with an exact output
-    format, and the mean log-probability of a greedy answer (measured; a check when C(min_mean_logprob) is set). A wrong
+    format, the mean log-probability of a greedy answer (measured; a check when C(min_mean_logprob) is set), and a chat
+    question asked as an ordinary client asks (no C(chat_template_kwargs)): a thinking model's thinking must come back in
+    C(reasoning_content), not in C(content) (Qwen3: C(--reasoning-parser qwen3)). A wrong
     answer fails with V(wrong_answer) (garbage with V(degenerate_output)): the prompt, the expected and the received
     text, and the suspects in order - speculative decoding when on (with how to turn it off), the SGLang version against
     the compatibility table (O(sglang_version), the architecture from O(model_dir)), tp > 1."
   - "On failure the task fails with RV(phase) (V(not_started), V(init_failed_before_gpu), V(weights_oom),
-    V(kv_cache_oom), V(nccl_error), V(cuda_graph_failed), V(port_in_use), V(warmup_failed), V(degenerate_output),
+    V(kv_cache_oom), V(nccl_error), V(runtime_toolchain_missing), V(cuda_graph_failed), V(port_in_use), V(warmup_failed), V(degenerate_output),
     V(wrong_answer), V(version_mismatch), V(timeout)), RV(evidence) (this launch's log lines, per-GPU MiB, exit status) and RV(remedy)."
   - On success it returns the time to ready, per-GPU MiB, the KV cache tokens from the log and the probe's tokens/s.
   - Only observes; never changes anything (C(changed) is always false).
@@ -143,8 +145,9 @@ options:
   known_answer_checks:
     description:
       - The known-answer checks, asked concurrently after the content probe passed (the probe's O(probe_timeout) each).
-        Default (not given) the collection's five (counting 1 to 20, 4823 + 7619, the capital of Japan, C([READY]), the
-        mean logprob of the answer to C(The capital city of France is)); an empty list turns the check off.
+        Default (not given) the collection's six (counting 1 to 20, 4823 + 7619, the capital of Japan, C([READY]), the
+        mean logprob of the answer to C(The capital city of France is), and C(plain_chat), the capital of Italy asked with no
+        C(chat_template_kwargs), so without the thinking turned off); an empty list turns the check off.
     type: list
     elements: dict
     suboptions:
@@ -181,6 +184,13 @@ options:
       min_mean_logprob:
         description: When set, the mean log-probability of the answer's tokens must be at least this (SGLang returns logprobs).
         type: float
+      chat_template_kwargs:
+        description:
+          - This chat check's C(chat_template_kwargs), instead of O(chat_template_kwargs); C({}) sends none, as an ordinary
+            client does (the default check C(plain_chat)).
+          - A chat answer whose C(content) holds the model's thinking (a C(<think>) or C(</think>) tag) fails (kind
+            V(thinking_in_content), phase C(wrong_answer), the remedy naming C(--reasoning-parser)).
+        type: dict
   chat_template_kwargs:
     description:
       - "The C(chat_template_kwargs) of the chat checks (what the model's chat template understands). Default
@@ -192,6 +202,13 @@ options:
   model_dir:
     description: The model snapshot; its C(config.json) gives the architecture the compatibility table is asked about.
     type: path
+  compile_cache_dir:
+    description: The server's compile caches (M(kpro.gpu_serving.sglang_service)'s O(kpro.gpu_serving.sglang_service#module:compile_cache_dir)).
+    type: path
+  compile_cache_files:
+    description: The files in O(compile_cache_dir) before the launch (the converge's RV(kpro.gpu_serving.sglang_service#module:compile_cache_files));
+      with both, RV(compile_cache) says whether the launch compiled anything.
+    type: int
 extends_documentation_fragment: []
 attributes:
   check_mode:
@@ -275,7 +292,7 @@ kv_tokens:
 known_answer:
   description:
     - The known-answer check - C(passed), C(elapsed_s), C(checks) (each C(name), C(endpoint), C(prompt), C(expected), C(received),
-      C(ok), C(kind) (V(wrong), V(degenerate), V(reasoning_only), V(low_logprob), V(http)), C(why), C(mean_logprob)).
+      C(ok), C(kind) (V(wrong), V(degenerate), V(reasoning_only), V(thinking_in_content), V(low_logprob), V(http)), C(why), C(mean_logprob)).
   returned: when the content probe passed
   type: dict
 probe:
@@ -298,6 +315,12 @@ log_path:
   description: The log read.
   returned: always
   type: str
+compile_cache:
+  description: Whether this launch compiled anything (O(compile_cache_dir) and O(compile_cache_files) given) - the
+    files in the compile caches before the launch and at ready; V(warm) true when it added none.
+  returned: when ready and the cache was counted before the launch
+  type: dict
+  sample: {dir: /srv/models/sglang-compile-cache, files_before: 48, files_after: 48, warm: true}
 facts:
   description: Numbers from the log (see M(kpro.gpu_serving.sglang_diagnose)).
   returned: always

@@ -67,9 +67,20 @@ options:
         output never contain it.
     type: str
   environment:
-    description: Further environment variables of the server (for example V(NCCL_P2P_DISABLE)), in the unit file.
+    description:
+      - Further environment variables of the server (for example V(NCCL_P2P_DISABLE)), in the unit file.
+      - They go over the runtime environment the module always sets for what SGLang compiles at its first forward pass
+        (M(kpro.gpu_serving.sglang_toolchain)) - C(PATH) with C(<venv>/bin) and C(<venv>/cuda/bin) first, C(CUDA_HOME)
+        C(<venv>/cuda) - and, with O(compile_cache_dir), the compile caches.
     type: dict
     default: {}
+  compile_cache_dir:
+    description:
+      - One directory for every compile cache of the server (C(TRITON_CACHE_DIR), C(FLASHINFER_WORKSPACE_BASE),
+        C(TORCHINDUCTOR_CACHE_DIR), C(CUDA_CACHE_PATH) below it), so that a restart or a rebuilt container compiles
+        nothing again. The number of files in it before a launch is returned as RV(compile_cache_files).
+      - Unset - the libraries' own defaults (under the service's home).
+    type: path
   model_dir:
     description:
       - Directory with the model's C(config.json) and C(model.safetensors.index.json) for the memory plan.
@@ -297,6 +308,10 @@ launch_id:
   returned: when the server runs (not in check mode before a restart)
   type: str
   sample: 6f1c2d0a9b8e4f3c8d7e6f5a4b3c2d1e
+compile_cache_files:
+  description: The files in O(compile_cache_dir) just before this run's launch (the gate compares at ready).
+  returned: when the module started the server and O(compile_cache_dir) is set
+  type: int
 log_path:
   description: This launch's log file.
   returned: when the server runs
@@ -383,6 +398,7 @@ ARGUMENT_SPEC = dict(
     options=dict(type="dict", required=True),
     api_key=dict(type="str", no_log=True),
     environment=dict(type="dict", default={}),
+    compile_cache_dir=dict(type="path"),
     model_dir=dict(type="path"),
     plan=dict(type="bool", default=True),
     plan_overrides=dict(type="dict", default={}),

@@ -576,20 +576,26 @@ def lab_locks():
     inventory points sglang_install at (made as roles/sglang_install/files/locks/regenerate.sh
     makes the real ones, against the lab's wheels instead of PyPI)."""
     sh([sys.executable, os.path.join(HERE, "sglang_standin", "build_wheel.py"), "--out", WHEELS], stdout=subprocess.DEVNULL)
+    sh([sys.executable, os.path.join(HERE, "torch_standin", "build_wheel.py"), "--out", WHEELS], stdout=subprocess.DEVNULL)
     sh([sys.executable, os.path.join(HERE, "services", "fetch_wheels.py"), WHEEL_CACHE], stdout=subprocess.DEVNULL)
     hub = next(line.split()[0] for line in open(os.path.join(HERE, "..", "..", "requirements", "dev.lock"))
                if line.startswith("huggingface-hub=="))
+    # ninja as the real SGLang brings it (its Requires-Dist), at the collection's real lock's pin (fetch_wheels.py)
+    ninja = next(line.split()[0] for line in open(os.path.join(HERE, "..", "..", "roles", "sglang_install", "files", "locks",
+                                                               "sglang-0.5.11-py3.11-x86_64.txt")) if line.startswith("ninja=="))
     uv = os.path.join(os.path.dirname(sys.executable), "uv")
     os.makedirs(LOCKS, exist_ok=True)
     for version in LAB_SGLANG_VERSIONS:
         out = os.path.join(LOCKS, "sglang-%s-py3.11-x86_64.txt" % version)  # made anew: the stand-in may have changed
         if os.path.exists(out):
             os.unlink(out)  # uv keeps the pins (and hashes) of an existing output file
-        # huggingface_hub as the real SGLang brings it (the collection's hf_model runs on the venv);
-        # --no-cache: uv would otherwise reuse the hash of an earlier stand-in wheel of the same name
+        # huggingface_hub as the real SGLang brings it (the collection's hf_model runs on the venv), the torch stand-in (the
+        # two-GPU check), the nvcc stand-in and ninja (the runtime toolchain); --no-cache: uv would otherwise reuse the
+        # hash of an earlier stand-in wheel of the same name
         sh([uv, "pip", "compile", "-", "-q", "--no-cache", "--no-index", "--find-links", WHEELS, "--find-links", WHEEL_CACHE,
             "--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_36", "--generate-hashes",
-            "--no-header", "-o", out], input="sglang==%s\n%s\n" % (version, hub), universal_newlines=True,
+            "--no-header", "-o", out], universal_newlines=True,
+           input="sglang==%s\ntorch==2.11.0\nnvidia-cuda-nvcc==13.0.88\n%s\n%s\n" % (version, hub, ninja),
            env=dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_OFFLINE="1"))
 
 

@@ -45,7 +45,9 @@ VARIANTS = ("pve8", "ct")
 # are lab-built stand-ins: aptrepo.py). python3-apt: ansible.builtin.apt installs it when missing.
 COLLECTION_PACKAGES = {
     "pve8": ["build-essential", "dkms", "python3-proxmoxer", "python3-requests", "python3-apt"],
-    "ct": ["python3", "python3-apt", "python3-venv", "kmod", "ca-certificates"],
+    # gcc, g++ and python3-dev: the runtime toolchain sglang_install installs (Triton's C launcher, nvcc's host
+    # compiler, the venv Python's headers; roles/sglang_install/defaults/main.yml sglang_install_runtime_packages)
+    "ct": ["python3", "python3-apt", "python3-venv", "kmod", "ca-certificates", "gcc", "g++", "python3-dev"],
 }
 
 

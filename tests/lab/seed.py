@@ -78,18 +78,20 @@ FILES = {
         "name: gitlab-runner\nnet0: virtio=BC:24:11:2D:91:05,bridge=vmbr0,firewall=1\nnuma: 0\nonboot: 1\nostype: l26\n"
         "scsi0: local-zfs:vm-105-disk-0,iothread=1,size=64G\nscsihw: virtio-scsi-single\n"
         "smbios1: uuid=8a1c2b3d-4e5f-4a6b-8c7d-9e0f1a2b3c05\nsockets: 1\nvmgenid: 0d9c8b7a-6f5e-4d3c-2b1a-0f9e8d7c6b05\n"),
+    # ostype debian: the container is built from Proxmox's debian-12-standard package set (tests/lab/stock/ct.txt), and
+    # PVE sets up a container by its ostype (pve-container src/PVE/LXC/Setup.pm: Debian or Ubuntu), so it must say so
     "etc/pve/nodes/kpro5/lxc/129.conf": (
         "#SGLang inference container (migrated from kpro6)\n"
         "#\n"
         "#Owner%3A ml-team\n"
         "arch: amd64\ncores: 32\nfeatures: nesting=1\nhostname: sglang\nmemory: 131072\n"
         "net0: name=eth0,bridge=vmbr0,firewall=1,gw=10.213.6.1,hwaddr=BC:24:11:7C:12:9A,ip=10.213.6.129/24,type=veth\n"
-        "onboot: 1\nostype: ubuntu\nparent: pre-gpu\nrootfs: local-zfs:subvol-129-disk-0,size=200G\nswap: 8192\nunprivileged: 1\n"
+        "onboot: 1\nostype: debian\nparent: pre-gpu\nrootfs: local-zfs:subvol-129-disk-0,size=200G\nswap: 8192\nunprivileged: 1\n"
         "\n[pre-gpu]\n"
         "#before GPU passthrough\n"
         "arch: amd64\ncores: 32\nfeatures: nesting=1\nhostname: sglang\nmemory: 131072\n"
         "net0: name=eth0,bridge=vmbr0,firewall=1,gw=10.213.6.1,hwaddr=BC:24:11:7C:12:9A,ip=10.213.6.129/24,type=veth\n"
-        "onboot: 1\nostype: ubuntu\nrootfs: local-zfs:subvol-129-disk-0,size=200G\nsnaptime: 1736432410\nswap: 8192\nunprivileged: 1\n"),
+        "onboot: 1\nostype: debian\nrootfs: local-zfs:subvol-129-disk-0,size=200G\nsnaptime: 1736432410\nswap: 8192\nunprivileged: 1\n"),
 }
 
 LINKS = {

@@ -132,7 +132,10 @@ def test_drifted_uvm_node_restarts_the_container_and_a_lock_is_reported(lab):
 def test_preflight_refusals_name_the_cause(lab, tmp_path):
     """Each preflight check that merged into one task still refuses with its own words, on the host it concerns, and
     changes nothing: the API's TLS (a CA that did not sign the node's certificate, through the pve_api lookup), the
-    Proxmox VE release, the host's room for the driver, a container that is not configured, the model's disk."""
+    Proxmox VE release, the host's room for the driver, a container that is not configured, the model's disk, a Python
+    of the container with no lock (a stand-in that answers as a Python 3.14 would: the locks are for 3.11, 3.12, 3.13)."""
+    py314 = "/usr/local/bin/python3.14"
+    lab.exec("pct", "exec", "129", "--", "sh", "-c", "printf '#!/bin/sh\\necho 3.14\\n' > %s && chmod 755 %s" % (py314, py314))
     other_ca = tmp_path / "other-ca.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "k.pem"),
                     "-out", str(other_ca), "-days", "1", "-subj", "/CN=not the lab's CA"], check=True, capture_output=True)
@@ -145,6 +148,10 @@ def test_preflight_refusals_name_the_cause(lab, tmp_path):
         ("ct129", ["Container 998 is not configured on kpro5", "998"], ["-e", "pve_vmid=998"]),
         ("ct129", ["but the model needs 1000000000000000: grow the container's rootfs (pct resize 129 rootfs +NG)"],
          ["-e", "preflight_model_bytes=1000000000000000"]),
+        ("ct129", ["CT 129 runs Debian GNU/Linux 12 (bookworm) (x86_64) with Python 3.14 (%s)" % py314,
+                   "no lock for SGLang 0.5.11 on Python 3.14: it has locks for Python 3.11, 3.12, 3.13",
+                   "regenerate.sh 0.5.11 3.14"],
+         ["-e", "sglang_install_lock_file=", "-e", "sglang_install_python=%s" % py314]),
     ]
     for host, needles, extra in rows:
         before = disk_digest()
@@ -158,6 +165,7 @@ def test_preflight_refusals_name_the_cause(lab, tmp_path):
         for s in secrets():
             assert s not in r.stdout
         assert disk_digest() == before
+    lab.exec("pct", "exec", "129", "--", "rm", "-f", py314)
 
 
 def test_a_login_banner_on_the_host_changes_no_reading(lab):

@@ -25,6 +25,10 @@ import tempfile
 TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 LOCK = os.path.join(TOP, "requirements", "dev.lock")
 ROOTS = ("uv", "huggingface-hub")
+# and from the collection's own SGLang lock, the real wheels of what the real SGLang brings and the lab uses as it is:
+# ninja (sglang 0.5.11 Requires-Dist; FlashInfer's JIT runs it from the server's PATH)
+COLLECTION_LOCK = os.path.join(TOP, "roles", "sglang_install", "files", "locks", "sglang-0.5.11-py3.11-x86_64.txt")
+COLLECTION_ROOTS = ("ninja",)
 PYVER, ABI = "3.11", "cp311"
 PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_34_x86_64")
 
@@ -91,10 +95,12 @@ def main(argv):
     os.makedirs(cache, exist_ok=True)
     with open(LOCK) as f:
         lock = parse_lock(f.read())
-    missing = [n for n in ROOTS if n not in lock]
+    with open(COLLECTION_LOCK) as f:
+        lock.update((n, v) for n, v in parse_lock(f.read()).items() if n in COLLECTION_ROOTS)
+    missing = [n for n in ROOTS + COLLECTION_ROOTS if n not in lock]
     if missing:
         sys.exit("fetch_wheels: %s not pinned in %s" % (", ".join(missing), LOCK))
-    wanted = closure(lock, ROOTS)
+    wanted = closure(lock, ROOTS + COLLECTION_ROOTS)
     todo = [n for n in wanted if not cached(cache, n, lock[n][0], lock[n][1])]
     if not todo:
         print("fetch_wheels: cached %d wheels in %s" % (len(wanted), cache))

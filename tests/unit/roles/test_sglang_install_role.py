@@ -47,7 +47,7 @@ def _wheel(out_dir, name, version, tag, files):
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for arc, data in sorted(files.items()):
             zi = zipfile.ZipInfo(arc, (1980, 1, 1, 0, 0, 0))
-            zi.external_attr = (0o100755 if "/scripts/" in arc else 0o100644) << 16
+            zi.external_attr = (0o100755 if "/scripts/" in arc or "/bin/" in arc else 0o100644) << 16
             z.writestr(zi, data)
             digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             record.append("%s,sha256=%s,%d" % (arc, digest, len(data)))
@@ -65,11 +65,16 @@ def site(tmp_path_factory):
         _wheel(str(wheels), "uv", UV_VERSION, "py3-none-manylinux_2_17_x86_64", {"uv-%s.data/scripts/uv" % UV_VERSION: f.read()})
     for v in ("0.5.11", "0.5.12"):
         _wheel(str(wheels), "sglang", v, "py3-none-any", {"sglang/__init__.py": ("__version__ = %r\n" % v).encode()})
+    # the runtime toolchain the lock brings (sglang_toolchain looks for it): nvcc where the CUDA 13 wheel puts it, ninja
+    _wheel(str(wheels), "nvidia_cuda_nvcc", "13.0.88", "py3-none-manylinux_2_17_x86_64", {
+        "nvidia/cu13/bin/nvcc": b"#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n",
+        "nvidia/cu13/include/crt/host_config.h": b"", "nvidia/cu13/lib/libcudart.so.13": b""})
+    _wheel(str(wheels), "ninja", "1.13.2", "py3-none-manylinux_2_17_x86_64", {"ninja-1.13.2.data/scripts/ninja": b"#!/bin/sh\n"})
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_CACHE_DIR=str(root / "uv-cache"))
     for v in ("0.5.11", "0.5.12"):
         subprocess.run([UV, "pip", "compile", "-", "--no-index", "--find-links", str(wheels), "--python-version", "3.11",
                         "--generate-hashes", "-q", "-o", str(root / ("lock-%s.txt" % v))],
-                       input=("sglang==%s\n" % v).encode(), env=env, check=True)
+                       input=("sglang==%s\nnvidia-cuda-nvcc==13.0.88\nninja==1.13.2\n" % v).encode(), env=env, check=True)
     inv = {"all": {"hosts": {"ct": {
         "ansible_connection": "local", "ansible_python_interpreter": SYSTEM_PYTHON,
         "sglang_install_venv": str(root / "opt" / "venv"), "sglang_install_uv_venv": str(root / "opt" / "uv"),
@@ -110,6 +115,10 @@ def test_check_install_rerun_and_changed_lock(site):
     lock = (site / "lock-0.5.11.txt").read_bytes()
     assert (venv / ".kpro-lock.sha256").read_text().strip() == hashlib.sha256(lock).hexdigest()
     assert (venv / "kpro-lock.txt").read_bytes() == lock
+    # the server's CUDA_HOME: <venv>/cuda, relative links into the nvcc wheel, lib64 -> its lib (sglang_toolchain)
+    assert os.readlink(str(venv / "cuda" / "lib")) == "../lib/python3.11/site-packages/nvidia/cu13/lib"
+    assert os.readlink(str(venv / "cuda" / "lib64" / "libcudart.so")) == "libcudart.so.13"
+    assert "Check that the container can compile what SGLang compiles" in install["out"]
 
     again = play(site)
     assert again["failed"] == 0 and again["changed"] == 0, again["out"]

@@ -27,11 +27,25 @@ fi
 out="${LOCK_DIR:-$here}/sglang-$version-py$pyver-x86_64.txt"
 tmp=$(mktemp "$out.XXXXXX")
 trap 'rm -f "$tmp"' EXIT
-echo "sglang==$version" | UV_PYTHON_DOWNLOADS=never "$uv" pip compile - \
-  --python-version "$pyver" --python-platform "$platform" --generate-hashes \
-  --custom-compile-command "roles/sglang_install/files/locks/regenerate.sh $version $pyver" \
-  -o "$tmp" "$@"
+compile() {
+  printf '%s\n' "$@" | UV_PYTHON_DOWNLOADS=never "$uv" pip compile - \
+    --python-version "$pyver" --python-platform "$platform" --generate-hashes \
+    --custom-compile-command "roles/sglang_install/files/locks/regenerate.sh $version $pyver" \
+    -o "$tmp" "${extra[@]}"
+}
+extra=("$@")
+# uv keeps the pins of an existing output file it can: a regenerated lock moves only what it must
+if [ -f "$out" ]; then cp "$out" "$tmp"; fi
+compile "sglang==$version"
 grep -q "^sglang==$version " "$tmp" || { echo "the lock does not pin sglang==$version" >&2; exit 1; }
+# SGLang compiles kernels at its first forward pass (docs/runtime-toolchain.md): FlashInfer's JIT needs nvcc and the CCCL
+# headers of the CUDA release torch is built for. torch pins that release as cuda-toolkit==X (its Requires-Dist); the
+# same metapackage's extras nvcc, crt, nvvm and cccl give the compiler of exactly that release, hashed in the same lock
+# (nvcc, crt and nvvm named together: nvidia-cuda-nvcc leaves its crt and nvvm unpinned, and uv would take the newest).
+toolkit=$(sed -n 's/^cuda-toolkit==\([^ ]*\).*/\1/p' "$tmp")
+[ -n "$toolkit" ] || { echo "the lock has no cuda-toolkit (torch's CUDA release): cannot pin nvcc" >&2; exit 1; }
+compile "sglang==$version" "cuda-toolkit[nvcc,crt,nvvm,cccl]==$toolkit"
+grep -q "^nvidia-cuda-nvcc==" "$tmp" || { echo "the lock does not pin nvidia-cuda-nvcc" >&2; exit 1; }
 mv "$tmp" "$out"
 trap - EXIT
 echo "wrote $out ($(grep -c '^[A-Za-z0-9]' "$out") packages)"

@@ -82,3 +82,54 @@ def test_invalid():
         c.version_matches("0.5.9", "=>0.5")
     with pytest.raises(ValueError):
         c.check("0.5.9", DENSE, 2, rules=[{"id": "x", "sglang": "", "tp": "many", "action": "warn"}])
+
+
+JIT = "sglang-jit-activation-nvcc"
+
+
+@pytest.mark.parametrize("version,action", [
+    ("0.5.10.post1", None),        # no jit_kernel/activation.py yet: sgl_kernel's prebuilt silu_and_mul
+    ("0.5.11", "warn"), ("0.5.11.dev3", "warn"), ("0.5.12", "warn"), ("0.5.12.post1", "warn"),
+    ("0.5.13", None), ("0.5.13.post1", None), ("0.5.23", None),
+])
+def test_jit_activation_rule_range(version, action):
+    # every architecture and tp: SiluAndMul runs through jit_kernel on CUDA whatever the model
+    for arch, tp in (("LlamaForCausalLM", 1), ("Qwen3_5MoeForConditionalGeneration", 8), (DENSE, None)):
+        res = c.check(version, arch, tp, start_failures=True)
+        jit = [r for r in res["rules"] if r["id"] == JIT]
+        if action is None:
+            assert jit == [], (version, arch)
+        else:
+            assert [r["action"] for r in jit] == ["warn"] and res["phase"] is None, (version, arch)
+            assert "#26444" in res["message"] and "#25487" in res["message"] and "#25682" in res["message"]
+            assert "CUDA graph capture" in res["message"] and "Pin sglang >= 0.5.13" in res["remedy"]
+            if arch != DENSE:
+                assert res["action"] == "warn"
+
+
+def test_jit_activation_rule_is_a_start_failure_only():
+    # not among the suspects of a running server's wrong answer (known_answer.py calls check() without start_failures)
+    assert c.check("0.5.11", DENSE, 2, config=QWEN36_27B)["action"] == "ok"
+    assert c.check("0.5.11", DENSE, 2, config=QWEN36_27B, start_failures=True)["action"] == "warn"
+    # a refusal still wins over the warning where both apply (0.5.11 has no refusing rule: an extra one)
+    extra = c.RULES + [{"id": "site-y", "sglang": "==0.5.11", "architectures": ["*"], "tp": "any", "action": "refuse", "pr": "#2"}]
+    res = c.check("0.5.11", DENSE, 2, rules=extra, start_failures=True)
+    assert res["action"] == "refuse" and sorted(r["id"] for r in res["rules"]) == [JIT, "site-y"]
+
+
+def test_jit_activation_override():
+    res = c.check("0.5.11", DENSE, 2, overrides={JIT: "ignore"}, start_failures=True)
+    assert res["action"] == "ok" and "Overridden: %s (warn -> ignore)" % JIT in res["message"]
+    res = c.check("0.5.12", DENSE, 2, overrides={JIT: "refuse"}, start_failures=True)
+    assert res["action"] == "refuse" and res["phase"] == "known_bad_version"
+
+
+def test_verdict_warns_with_the_remedy_and_asks_for_start_failures():
+    warned = []
+    out = c.verdict("0.5.11", DENSE, 2, {}, QWEN36_27B, warn=warned.append)
+    assert out["action"] == "warn" and out["prs"] == ["#26444"] and [r["id"] for r in out["rules"]] == [JIT]
+    assert len(warned) == 1 and warned[0].startswith(out["message"]) and warned[0].endswith("Remedy: " + out["remedy"])
+    warned = []
+    out = c.verdict("0.5.11", DENSE, 2, {JIT: "ignore"}, warn=warned.append)
+    assert out["action"] == "ok" and warned == []
+    assert c.verdict("0.5.13", DENSE, 2, {}, warn=warned.append)["action"] == "ok" and warned == []

@@ -86,12 +86,14 @@ def fake_server(answers):
 
 
 GOOD = {"count": _chat(COUNT), "arithmetic": _text(" 12442", [-0.01]), "fact": _chat("Tokyo"), "format": _chat("[READY]"),
-        "logprob": _text(" Paris. It is", [-0.02, -0.1, -0.3, -0.4])}
+        "logprob": _text(" Paris. It is", [-0.02, -0.1, -0.3, -0.4]),
+        # SGLang 0.5.11 with --reasoning-parser qwen3: the thinking separated, the answer in content
+        "plain_chat": _chat("Rome", "The user asks for the capital of Italy.\n")}
 
 
 def test_good_answers_pass_and_the_logprob_is_measured():
     res = ka.run_checks(fake_server(GOOD), ka.DEFAULT_CHECKS, "m")
-    assert res["passed"] and [c["name"] for c in res["checks"]] == ["count", "arithmetic", "fact", "format", "logprob"]
+    assert res["passed"] and [c["name"] for c in res["checks"]] == ["count", "arithmetic", "fact", "format", "logprob", "plain_chat"]
     assert res["checks"][4]["mean_logprob"] == -0.205 and res["elapsed_s"] < 5
 
 
@@ -131,7 +133,7 @@ def test_suspects_without_speculative_decoding_name_a_refused_version_first():
 def test_everything_in_reasoning_content_is_a_wrong_answer_about_the_parser():
     answers = dict(GOOD, count=_chat(None, COUNT), fact=_chat("", "Tokyo"), format=_chat(None, "[READY]"))
     res = ka.run_checks(fake_server(answers), ka.DEFAULT_CHECKS, "m")
-    assert [c["kind"] for c in res["checks"]] == ["reasoning_only", None, "reasoning_only", "reasoning_only", None]
+    assert [c["kind"] for c in res["checks"]] == ["reasoning_only", None, "reasoning_only", "reasoning_only", None, None]
     bad = ka.failure(res, {"tp_size": 2, "reasoning_parser": "qwen3"}, "0.5.11", QWEN35)
     assert bad["phase"] == "wrong_answer" and "reasoning_content" in bad["remedy"] and "--reasoning-parser qwen3" in bad["remedy"]
     assert "enable_thinking: false" in bad["remedy"] and not any(e.startswith("suspect") for e in bad["evidence"])
@@ -158,3 +160,62 @@ def test_the_roles_defaults_are_the_modules_defaults():
     assert defaults["chat_template_kwargs"] == ka.DEFAULT_CHAT_TEMPLATE_KWARGS
     norm = [dict(c, **({"min_mean_logprob": c.get("min_mean_logprob")} if "min_mean_logprob" in c else {})) for c in ka.DEFAULT_CHECKS]
     assert defaults["checks"] == norm
+
+
+# What SGLang 0.5.11 returns to a client that sends no chat_template_kwargs, for Qwen3.6 (its template opens <think> in the
+# prompt): without --reasoning-parser the whole generated text is content (serving_chat.py:1059-1105 runs no parser)
+THOUGHT = "The user asks for the capital of Italy. That is Rome."
+NO_PARSER = [
+    THOUGHT + "\n</think>\n\nRome",                       # Qwen3.5/3.6: no opening tag, it is in the prompt
+    "<think>\n" + THOUGHT + "\n</think>\n\nRome",         # Qwen3 (2504): the model writes the opening tag
+    "<think>\n" + THOUGHT,                                  # the thinking did not close within max_tokens
+]
+
+
+def test_the_plain_chat_check_sends_no_chat_template_kwargs_and_room_to_think():
+    plain = next(c for c in ka.DEFAULT_CHECKS if c["name"] == "plain_chat")
+    body = ka.request_body(plain, "m", {"enable_thinking": False})
+    assert "chat_template_kwargs" not in body and body["max_tokens"] >= 1024 and plain["endpoint"] == "chat"
+    # a check's own kwargs win over the run's, and {} sends none
+    assert ka.request_body(dict(plain, chat_template_kwargs={"enable_thinking": True}), "m", {"x": 1})["chat_template_kwargs"] == \
+        {"enable_thinking": True}
+    assert ka.request_body(dict(plain, chat_template_kwargs=None), "m", {"x": 1})["chat_template_kwargs"] == {"x": 1}
+
+
+@pytest.mark.parametrize("content", NO_PARSER, ids=["qwen36", "qwen3", "unclosed"])
+def test_thinking_in_content_is_a_wrong_answer_naming_the_reasoning_parser(content):
+    res = ka.run_checks(fake_server(dict(GOOD, plain_chat=_chat(content))), ka.DEFAULT_CHECKS, "m")
+    bad = [c for c in res["checks"] if not c["ok"]]
+    assert not res["passed"] and [c["name"] for c in bad] == ["plain_chat"] and bad[0]["kind"] == "thinking_in_content"
+    assert bad[0]["thinking"].startswith("The user asks for the capital of Italy")
+    fail = ka.failure(res, {"tp_size": 2, "reasoning_parser": None}, "0.5.11", QWEN35, {})
+    assert fail["phase"] == "wrong_answer"
+    assert "--reasoning-parser qwen3" in fail["remedy"] and "sglang_server_options.reasoning_parser: qwen3" in fail["remedy"]
+    assert "runs without --reasoning-parser" in fail["remedy"] and not any(e.startswith("suspect") for e in fail["evidence"])
+    ev = "\n".join(fail["evidence"])
+    assert "known-answer check 'plain_chat' failed (thinking_in_content) via POST /v1/chat/completions: content holds the model's thinking" in ev
+    assert "  thinking in content: 'The user asks for the capital of Italy" in ev
+    # the answer after the thinking is still compared: said in why
+    assert ("after it the answer matches" in bad[0]["why"]) is content.endswith("Rome")
+
+
+def test_a_parser_that_does_not_separate_the_thinking_is_named():
+    res = ka.run_checks(fake_server(dict(GOOD, plain_chat=_chat(NO_PARSER[1]))), ka.DEFAULT_CHECKS, "m")
+    fail = ka.failure(res, {"reasoning_parser": "deepseek-v3"}, "0.5.11", QWEN35)
+    assert "--reasoning-parser deepseek-v3 does not separate this model's thinking" in fail["remedy"]
+    assert "--reasoning-parser qwen3" in fail["remedy"]
+
+
+def test_separated_thinking_passes_and_a_wrong_answer_with_thinking_still_gets_the_suspects():
+    assert ka.judge(ka.DEFAULT_CHECKS[5], 200, _chat("Rome", THOUGHT))["ok"]
+    assert ka.judge(ka.DEFAULT_CHECKS[2], 200, _chat("Tokyo"))["ok"]
+    # a closed block in content fails any chat check, not only plain_chat; a completion is raw text and is not looked at
+    assert ka.judge(ka.DEFAULT_CHECKS[2], 200, _chat("<think>\n\n</think>\n\nTokyo"))["kind"] == "thinking_in_content"
+    assert ka.judge(dict(ka.DEFAULT_CHECKS[1]), 200, _text("</think> 12442"))["ok"]
+    answers = dict(GOOD, count=_chat(COUNT.replace("3\n4", "34")), plain_chat=_chat(NO_PARSER[0]))
+    fail = ka.failure(ka.run_checks(fake_server(answers), ka.DEFAULT_CHECKS, "m"), {"tp_size": 2}, "0.5.11", QWEN35)
+    assert any(e.startswith("suspect 1: SGLang 0.5.11") for e in fail["evidence"]) and "--reasoning-parser qwen3" in fail["remedy"]
+
+
+def test_the_parser_is_known_for_qwen3_only():
+    assert ka.reasoning_parser_for(QWEN35) == "qwen3" and ka.reasoning_parser_for("LlamaForCausalLM") is None

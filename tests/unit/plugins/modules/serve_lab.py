@@ -35,7 +35,7 @@ TOTAL_SIZE = 55400000000
 RELEASE = "6.8.12-9-pve"
 MODEL_NAME = "qwen3.6-27b"
 GOOD_OPTIONS = {"served_model_name": MODEL_NAME, "tp_size": 2, "context_length": 65536, "mem_fraction_static": 0.85,
-                "max_running_requests": 16}
+                "max_running_requests": 16, "reasoning_parser": "qwen3"}     # the role's default for this model
 QWEN36_TEXT = {
     "model_type": "qwen3_5_text", "num_hidden_layers": 64, "full_attention_interval": 4, "num_attention_heads": 24,
     "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
@@ -148,6 +148,12 @@ class ServeLab(object):
         with open(self.systemctl, "w") as f:
             f.write('#!/bin/sh\nexec "%s" "%s" "$@"\n' % (sys.executable, LAB_SYSTEMCTL_PY))
         os.chmod(self.systemctl, 0o755)
+        # what the first forward compiles with (the stand-in's toolchain.py): the nvcc stand-in as CUDA_HOME's, the
+        # caches in the test's directory (never this machine's ~/.triton, nor a real /usr/local/cuda)
+        self.cuda = tmp / "cuda"
+        (self.cuda / "bin").mkdir(parents=True)
+        (self.cuda / "bin" / "nvcc").symlink_to(os.path.join(STANDIN, "nvidia_cuda_nvcc", "nvcc"))
+        self.cache = tmp / "compile-cache"
         self.log_dir = self.root / "var/log/sglang"
         self.launcher = tmp / "sglang-launch"
         self.started = []
@@ -161,7 +167,8 @@ class ServeLab(object):
         return {"PYTHONPATH": "%s:%s" % (STANDIN, LABLIB), "KPRO_LAB_ROOT": str(self.root), "KPRO_LAB_LIBDIR": LABLIB,
                 "KPRO_LAB_SGLANG_SPEED": os.environ.get("KPRO_TEST_SGLANG_SPEED", "20"), "KPRO_LAB_SGLANG_DRILL": drill,
                 "KPRO_LAB_SGLANG_STANDIN_VERSION": "0.5.11", "PYTHONDONTWRITEBYTECODE": "1",
-                "PATH": "%s:%s" % (self.bindir, os.environ.get("PATH", ""))}
+                "PATH": "%s:%s" % (self.bindir, os.environ.get("PATH", "")), "CUDA_HOME": str(self.cuda),
+                "TRITON_CACHE_DIR": str(self.cache / "triton"), "FLASHINFER_WORKSPACE_BASE": str(self.cache / "flashinfer")}
 
     def options(self, **kw):
         o = dict(GOOD_OPTIONS, model_path=str(self.model), host="127.0.0.1", port=self.port)

@@ -56,10 +56,21 @@ def test_059_at_tp1_is_ok():
     assert res["action"] == "ok" and res["phase"] is None and res["prs"] == [] and res["changed"] is False
 
 
-@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.6.0"])
+@pytest.mark.parametrize("version", ["0.5.13", "0.6.0"])
 def test_fixed_versions_ok(version):
     res = ok({"version": version, "architecture": ARCH, "tp": 2})
     assert res["action"] == "ok" and res["rules"] == [] and "no known problem" in res["message"]
+
+
+@pytest.mark.parametrize("version", ["0.5.11", "0.5.12", "0.5.12.post1"])
+def test_jit_activation_versions_warn_with_the_remedy(version):
+    # any architecture, any tp: the warning (a normal run's only view of it) carries the reason and the remedy
+    res = ok({"version": version, "architecture": "LlamaForCausalLM", "tp": 1})
+    assert res["action"] == "warn" and res["phase"] is None and res["prs"] == ["#26444"] and res["changed"] is False
+    assert [r["id"] for r in res["rules"]] == ["sglang-jit-activation-nvcc"]
+    assert len(res["warnings"]) == 1 and "#25487" in res["warnings"][0] and "Remedy: Pin sglang >= 0.5.13" in res["warnings"][0]
+    res = ok({"version": version, "architecture": ARCH, "tp": 2, "overrides": {"sglang-jit-activation-nvcc": "ignore"}})
+    assert res["action"] == "ok" and res["warnings"] == [] and "Overridden" in res["message"]
 
 
 def test_other_architecture_ok():
@@ -103,9 +114,14 @@ def test_the_filter_gives_the_modules_verdict_without_raising():
     """The roles' filter (plugins/filter/compat.py): the module's result on the controller; a refusal and an invalid
     input are returned for the role's assert, with the inputs it was asked about."""
     from ansible_collections.kpro.gpu_serving.plugins.filter.compat import sglang_compat
-    ok = sglang_compat("0.5.11", "Qwen3_5ForConditionalGeneration", "2", {})
+    ok = sglang_compat("0.5.13", "Qwen3_5ForConditionalGeneration", "2", {})
     assert ok["msg"] == ok["message"]
-    assert ok["action"] == "ok" and ok["tp"] == 2 and ok["version"] == "0.5.11" and ok["phase"] is None
+    assert ok["action"] == "ok" and ok["tp"] == 2 and ok["version"] == "0.5.13" and ok["phase"] is None
+    # a rule that warns passes the role's assert; the text goes to Ansible's warnings (Display().warning)
+    with mock.patch("ansible_collections.kpro.gpu_serving.plugins.filter.compat.Display.warning") as warning:
+        warned = sglang_compat("0.5.11", "Qwen3_5ForConditionalGeneration", 2, {})
+    assert warned["action"] == "warn" and warned["phase"] is None and warned["prs"] == ["#26444"]
+    assert warning.call_count == 1 and "Remedy: Pin sglang >= 0.5.13" in warning.call_args[0][0]
     bad = sglang_compat("0.5.9", "Qwen3_5ForConditionalGeneration", 2)
     assert bad["action"] == "refuse" and bad["phase"] == "known_bad_version" and "#19070" in bad["prs"]
     assert "19070" in bad["message"] and bad["evidence"] == ["rule sglang-0.5.9-qwen3.5-dense-tp (#19070)"] and bad["remedy"]

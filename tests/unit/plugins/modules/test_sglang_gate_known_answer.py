@@ -29,10 +29,13 @@ def test_the_default_checks_pass_on_a_good_server(serve_lab):
     serve_lab.launch("ka0001")
     res = gate(serve_lab, "ka0001", True)
     ka = res["known_answer"]
-    assert res["phase"] == "ready" and ka["passed"] and len(ka["checks"]) == 5
+    assert res["phase"] == "ready" and ka["passed"] and len(ka["checks"]) == 6
     assert [c["received"].strip() for c in ka["checks"][:4]] == ["\n".join(str(i) for i in range(1, 21)), "12442", "Tokyo", "[READY]"]
     assert ka["checks"][4]["mean_logprob"] is not None and ka["checks"][4]["mean_logprob"] > -0.1
-    assert any(e.startswith("known-answer checks passed: 5 in") for e in res["evidence"])
+    assert any(e.startswith("known-answer checks passed: 6 in") for e in res["evidence"])
+    # plain_chat (no chat_template_kwargs): the stand-in's Qwen3.6 thinks, --reasoning-parser qwen3 separates the thinking
+    assert ka["checks"][5]["name"] == "plain_chat" and ka["checks"][5]["received"] == "Rome"
+    assert ka["checks"][5]["reasoning_content"].startswith("The user asks:")
 
 
 DRILLS = [
@@ -63,8 +66,20 @@ def test_output_drill_is_a_wrong_answer_with_prompt_expected_received_and_remedy
     assert "suspect 2: tensor parallelism (tp_size=2)" in ev
     assert "(1) SGLang 0.5.11" in res["remedy"] and "disable_custom_all_reduce" in res["remedy"]
     if drill == "wrong_answer_tp":
-        assert [c["name"] for c in failed] == ["probe", "count", "arithmetic", "fact", "logprob"]
+        assert [c["name"] for c in failed] == ["probe", "count", "arithmetic", "fact", "logprob", "plain_chat"]
         assert failed[2]["why"] == "the answer's first number is 12432, not 12442" and failed[4]["mean_logprob"] < -2
+
+
+def test_without_the_reasoning_parser_the_plain_chat_check_fails_naming_it(serve_lab):
+    # SGLang 0.5.11 without --reasoning-parser: Qwen3.6's thinking and its </think> come back in content
+    serve_lab.launch("ka-noparser", reasoning_parser=None)
+    res = gate(serve_lab, "ka-noparser", False)
+    failed = [c for c in res["known_answer"]["checks"] if not c["ok"]]
+    assert res["phase"] == "wrong_answer" and [c["name"] for c in failed] == ["plain_chat"], failed
+    assert failed[0]["kind"] == "thinking_in_content" and failed[0]["received"].endswith("</think>\n\nRome")
+    assert "after it the answer matches" in failed[0]["why"]
+    assert "--reasoning-parser qwen3" in res["remedy"] and "sglang_server_options.reasoning_parser: qwen3" in res["remedy"]
+    assert "runs without --reasoning-parser" in res["remedy"] and "suspect 1" not in "\n".join(res["evidence"])
 
 
 def test_the_check_can_be_turned_off(serve_lab):

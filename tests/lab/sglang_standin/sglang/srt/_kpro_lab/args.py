@@ -7,11 +7,17 @@ import os
 import shutil
 import sys
 
-from sglang.srt._kpro_lab import memory, util
+from sglang.srt._kpro_lab import memory, reasoning, util
 from sglang.srt._kpro_lab.flags_0_5_11 import FLAGS as REAL_FLAGS
 from sglang.version import __version__
 
 SPEC_CHOICES = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
+# 0.5.11 server_args.py:5077-5097: choices=list(ReasoningParser.DetectorMap.keys()) (parser/reasoning_parser.py:542-561)
+# and list(FunctionCallParser.ToolCallParserEnum.keys()) (function_call/function_call_parser.py:54-80)
+REASONING_PARSER_CHOICES = list(reasoning.PARSERS)
+TOOL_CALL_PARSER_CHOICES = ["deepseekv3", "deepseekv31", "deepseekv32", "glm", "glm45", "glm47", "gpt-oss", "kimi_k2", "lfm2", "llama3",
+                            "mimo", "mistral", "pythonic", "qwen", "qwen25", "qwen3_coder", "step3", "step3p5", "minimax-m2", "trinity",
+                            "interns1", "hermes", "hunyuan", "gigachat3", "gemma4"]
 
 # (flags, kwargs); dest order is the order of the server_args=ServerArgs(...) repr.
 _STR, _INT, _FLOAT = str, int, float
@@ -72,8 +78,8 @@ OPTIONS = [
     (("--completion-template",), dict(type=_STR)),
     (("--file-storage-path",), dict(type=_STR, default="sglang_storage")),
     (("--enable-cache-report",), dict(action="store_true")),
-    (("--reasoning-parser",), dict(type=_STR)),
-    (("--tool-call-parser",), dict(type=_STR)),
+    (("--reasoning-parser",), dict(type=_STR, choices=REASONING_PARSER_CHOICES)),
+    (("--tool-call-parser",), dict(type=_STR, choices=TOOL_CALL_PARSER_CHOICES)),
     (("--tool-server",), dict(type=_STR)),
     (("--load-balance-method",), dict(type=_STR, default="round_robin")),
     (("--dist-init-addr", "--nccl-init-addr"), dict(type=_STR, dest="dist_init_addr")),
@@ -288,7 +294,10 @@ def prepare(argv):
     if a.cuda_graph_max_bs is None:
         a.cuda_graph_max_bs = max(a.cuda_graph_bs) if a.cuda_graph_bs else bs_d
     if a.attention_backend is None:
-        a.attention_backend = "flashinfer" if not facts.hybrid else "triton"
+        # 0.5.11 _get_default_attn_backend (server_args.py:2510-2514): FlashInfer when it imports (it is a dependency),
+        # on the lab's sm_86 GPUs hybrid models too; the triton default for Qwen3-Next/3.5 is sm100's only (2213-2240,
+        # 2373-2378), and their linear-attention layers are Triton kernels whatever this says (linear_attn_backend)
+        a.attention_backend = "flashinfer"
     if a.mamba_scheduler_strategy == "auto":
         a.mamba_scheduler_strategy = "no_buffer"
     # 0.5.11 _handle_model_specific_adjustments (server_args.py:845) runs before _handle_speculative_decoding (882):

@@ -10,10 +10,16 @@ import signal
 import sys
 import time
 
-from sglang.srt._kpro_lab import gpustate, memory, multinode, util
+from sglang.srt._kpro_lab import gpustate, memory, multinode, toolchain, util
 from sglang.srt._kpro_lab.memory import GIB, MIB
 
 _F = "sglang/srt/"
+
+# 0.5.11 model_executor/cuda_graph_runner.py:1431-1438 CUDA_GRAPH_CAPTURE_FAILED_MSG (after "Capture cuda graph failed: {e}\n", 717)
+_CAPTURE_FAILED_MSG = ("Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
+                       "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n3. disable torch compile by not using --enable-torch-compile\n"
+                       "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
+                       "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose ")
 
 
 _SET_DEVICE = (_F + "model_executor/model_runner.py", 760, "init_torch_distributed", "torch.get_device_module(self.device).set_device(self.gpu_id)")
@@ -53,6 +59,7 @@ class Rank(object):
         self.used = 0.0  # bytes on our GPU
         self.torch_alloc = 0.0
         self.leftover = "leftover_child" in drills and rank == server_args.tp_size - 1
+        self.toolchain = toolchain.Toolchain(server_args, facts)
 
     # -- helpers --
     def log(self, msg, level=20):
@@ -95,6 +102,17 @@ class Rank(object):
             pass
         while True:
             time.sleep(3600)
+
+    def fail_text(self, text):
+        """fail() with a whole traceback text (chained exceptions), as traceback.format_exc() renders it."""
+        self.fail([], text.replace("Traceback (most recent call last):\n", "", 1).rstrip("\n"))
+
+    def first_request(self, greedy):
+        """A request's first forwards and sampling (toolchain.py): the compiles they need, in this scheduler process."""
+        try:
+            self.toolchain.request(greedy)
+        except toolchain.FirstForwardError as e:
+            self.fail_text(toolchain.render(toolchain.REQUEST_OUTER, e))
 
     def join_nodes(self):
         """A multi-node server: this node's first rank meets the other nodes at --dist-init-addr (multinode.py)."""
@@ -272,6 +290,13 @@ class Rank(object):
         before = self.free_gib()
         self.log("Capture %s begin. This can take up to several minutes. avail mem=%.2f GB" % (what, before))
         t0 = time.time()
+        if what == "cuda graph":
+            # the first forward passes: Triton's launchers and FlashInfer's decode JIT module (toolchain.py); 0.5.11 wraps
+            # a RuntimeError out of the capture (cuda_graph_runner.py:711-718), anything else propagates as it is
+            try:
+                self.toolchain.capture()
+            except toolchain.FirstForwardError as e:
+                self.fail_text(toolchain.render(_frames_runner(toolchain.CAPTURE_OUTER), e, _CAPTURE_FAILED_MSG))
         if a.speculative_algorithm is not None:
             bss = list(range(1, 9)) + list(range(10, a.cuda_graph_max_bs + 1, 2))
         else:
@@ -306,10 +331,7 @@ class Rank(object):
                 (_F + "model_executor/model_runner.py", 560, "initialize", "self.init_device_graphs()"),
                 (_F + "model_executor/model_runner.py", 2150, "init_device_graphs", "self.graph_runner = graph_runners[self.device](self)"),
                 (_F + "model_executor/cuda_graph_runner.py", 370, "__init__", "raise Exception("),
-            ]), "Exception: Capture cuda graph failed: %s\nPossible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
-                "2. set --cuda-graph-max-bs to a smaller value (e.g., 16)\n3. disable torch compile by not using --enable-torch-compile\n"
-                "4. disable CUDA graph by --disable-cuda-graph. (Not recommended. Huge performance loss)\n"
-                "Open an issue on GitHub https://github.com/sgl-project/sglang/issues/new/choose " % fail)
+            ]), "Exception: Capture cuda graph failed: %s\n%s" % (fail, _CAPTURE_FAILED_MSG))
         after = self.free_gib()
         self.graph_gib += before - after
         self.log("Capture %s end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB." % (what, time.time() - t0, before - after, after))
@@ -343,12 +365,19 @@ class Rank(object):
             self.capture("draft extend cuda graph", memory.draft_graph_mib(a.cuda_graph_max_bs), 0.15, show_bar=False)
 
     def serve(self):
+        if multinode.nnodes(self.a) > 1 and self.a.node_rank >= 1 and self.a.disable_cuda_graph:
+            # a node of rank >= 1 gets no request in the stand-in: its first forward is taken to be now (README)
+            self.first_request(True)
         while True:
             try:
                 msg = self.conn.recv()
             except (EOFError, OSError):
                 break
-            if msg[0] == "warmup":
+            if msg[0] == "forward":
+                # the main process's first requests (server.py Main.first_forwards): msg[1] is whether all are greedy
+                self.first_request(msg[1])
+                self.conn.send(("forwarded", self.rank))
+            elif msg[0] == "warmup":
                 try:
                     self.alloc(memory.WARMUP_ACTIVATION_MIB * MIB)
                 except MemoryError:

@@ -17,7 +17,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang.srt._kpro_lab import args as sargs
-from sglang.srt._kpro_lab import generate, gpustate, multinode, scheduler, util
+from sglang.srt._kpro_lab import generate, gpustate, multinode, reasoning, scheduler, util
 from sglang.version import __version__
 
 STARTING, UP, UNHEALTHY = "Starting", "Up", "UnHealthy"
@@ -62,9 +62,29 @@ class Main(object):
         self.created = int(time.time())
         self.lock = threading.Lock()
         self.degenerate = self._degenerate_mode()
+        # 0.5.11 TemplateManager.force_reasoning, from the model's chat template at startup (reasoning.py)
+        self.template_force = reasoning.template_forces_reasoning(server_args.model_path, getattr(server_args, "chat_template", None))
         self.first_request_done = False
         self.requests_total = 0
         self.killing = False
+        self.forwards = set()   # "forward" once a request reached the ranks, "sample" once a sampled one did
+        self.forward_lock = threading.Lock()
+
+    def first_forwards(self, greedy):
+        """Until the ranks have run a request and a sampled one, hand each request to them first: its forwards and
+        sampling are where the real libraries compile (toolchain.py); a failure there ends the server by SIGQUIT."""
+        if "forward" in self.forwards and (greedy or "sample" in self.forwards):
+            return
+        with self.forward_lock:
+            for c in self.conns.values():
+                c.send(("forward", greedy))
+            for c in self.conns.values():
+                try:
+                    c.recv()
+                except (EOFError, OSError):
+                    while True:
+                        time.sleep(3600)   # the rank failed: its SIGQUIT ends this process
+            self.forwards.update(("forward",) if greedy else ("forward", "sample"))
 
     def _degenerate_mode(self):
         if "degenerate_output" in self.drills:
@@ -540,11 +560,14 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(500, {"object": "error", "message": "Internal server error: CUDA error: an illegal memory access was encountered",
                                     "type": "InternalServerError", "param": None, "code": 500})
         m.requests_total += 1
+        m.first_forwards(_greedy(path, body))
         if path == "/generate":
             return self._generate(body)
         return self._openai(path, body)
 
-    def _produce(self, prompt, max_tokens, completion):
+    def _produce(self, prompt, max_tokens, completion, think=False):
+        """(generated text, prompt tokens, completion tokens, hit max_tokens); ``think``: a thinking model's chat answer
+        (the thinking, ``</think>``, the answer: reasoning.generated), max_tokens counting the thinking too."""
         m = self.m
         prompt_tokens = count_tokens(prompt) + (0 if completion else 9)
         if prompt_tokens >= (m.rank_info.get(0, {}).get("max_req_input_len") or 1 << 30):
@@ -553,7 +576,8 @@ class _Handler(BaseHTTPRequestHandler):
         if m.degenerate:
             text, hit_len = degenerate(m.degenerate, max_tokens)
         else:
-            text, hit_len = truncate(generate.spoil(generate.answer(prompt, completion, wrong="wrong_answer_tp" in modes), modes), max_tokens)
+            text = generate.spoil(generate.answer(prompt, completion, wrong="wrong_answer_tp" in modes), modes)
+            text, hit_len = truncate(reasoning.generated(prompt, text) if think else text, max_tokens)
         ctoks = count_tokens(text) or 1
         prefix = " TP0"
         hybrid = m.facts.hybrid
@@ -614,7 +638,9 @@ class _Handler(BaseHTTPRequestHandler):
             if isinstance(prompt, list):
                 prompt = prompt[0] if prompt else ""
             extra = 0
-        r = self._produce(prompt, max_tokens, not chat)
+        # a thinking model thinks unless the chat template is told not to (reasoning.py: Qwen3.6's template)
+        think = chat and reasoning.thinks(self.m.facts.arch) and reasoning.thinking_on(reasoning.template_kwargs(body))
+        r = self._produce(prompt, max_tokens, not chat, think=think)
         if r is None:
             return self._too_long()
         text, pt, ct, hit_len = r
@@ -624,9 +650,12 @@ class _Handler(BaseHTTPRequestHandler):
         logprobs = None
         if body.get("logprobs") and not body.get("stream"):
             logprobs = generate.logprobs(text, chat, wrong)
-        reasoning = None
+        thought = None
+        if chat:
+            # --reasoning-parser splits the generated text (0.5.11 serving_chat.py:1059-1105); without it all is content
+            text, thought = reasoning.separate(text, self.m.a.reasoning_parser, body, self.m.template_force)
         if chat and "reasoning_only" in self.modes:
-            text, reasoning = None, text
+            text, thought = None, "\n\n".join(t for t in (thought, text) if t) or None
         rid = uuid.uuid4().hex
         usage = {"prompt_tokens": pt, "total_tokens": pt + ct, "completion_tokens": ct, "prompt_tokens_details": None, "reasoning_tokens": 0}
         now = int(time.time())
@@ -634,6 +663,10 @@ class _Handler(BaseHTTPRequestHandler):
             obj = "chat.completion.chunk" if chat else "text_completion"
             chunks = []
             if chat:
+                if thought:
+                    chunks.append({"id": rid, "object": obj, "created": now, "model": model,
+                                   "choices": [{"index": 0, "delta": {"role": "assistant", "content": None, "reasoning_content": thought},
+                                                "logprobs": None, "finish_reason": None}]})
                 chunks.append({"id": rid, "object": obj, "created": now, "model": model,
                                "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": None}]})
                 chunks.append({"id": rid, "object": obj, "created": now, "model": model,
@@ -644,7 +677,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = "".join("data: %s\n\n" % json.dumps(c) for c in chunks) + "data: [DONE]\n\n"
             return self._send(200, data, ctype="text/event-stream; charset=utf-8")
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": reasoning, "tool_calls": None},
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": thought, "tool_calls": None},
                       "logprobs": logprobs, "finish_reason": finish, "matched_stop": None if hit_len else 248046}
             out = {"id": rid, "object": "chat.completion", "created": now, "model": model, "choices": [choice], "usage": usage,
                    "metadata": {"weight_version": "default"}}
@@ -653,6 +686,19 @@ class _Handler(BaseHTTPRequestHandler):
             out = {"id": rid, "object": "text_completion", "created": now, "model": model, "choices": [choice], "usage": usage,
                    "metadata": {"weight_version": "default"}}
         return self._send(200, out)
+
+
+def _greedy(path, body):
+    """sampling_info.is_all_greedy (sampler.py:111): top_k <= 1, which temperature 0 implies (sampling_params.py);
+    the OpenAI endpoints' temperature defaults to 1.0."""
+    sp = (body.get("sampling_params") or {}) if path == "/generate" else body
+    if not isinstance(sp, dict):
+        return False
+    try:
+        temp, top_k = float(sp.get("temperature", 1.0)), int(sp.get("top_k", -1))
+    except (TypeError, ValueError):
+        return False
+    return 0 <= temp < 1e-6 or 0 < top_k <= 1
 
 
 def launch(argv):

@@ -18,6 +18,7 @@ KNOWN_DRILLS = (
     "slow_load", "hang",
     # output drills, read at every request (generate.py)
     "dropped_draft_tokens", "duplicated_tokens", "wrong_answer_tp", "reasoning_only",
+    "p2p_hang", "p2p_wrong_sum",  # GPU-to-GPU drills of the torch stand-in (tests/lab/torch_standin); the server ignores them
 )
 
 
