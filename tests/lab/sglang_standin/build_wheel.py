@@ -51,8 +51,8 @@ def pure_wheel(out_dir, top, name, version, summary, license_name, extra_dist_in
         with open(full, "rb") as f:
             data = f.read()
         if rel == name + "/version.py":   # the version as a constant, the file's other constants (torch's cuda) kept
-            data = "".join(['__version__ = "%s"\n' % version] + [ln for ln in data.decode().splitlines(True)
-                                                                   if ln.split("=")[0].strip() in ("cuda", "git_version", "hip")]).encode()
+            kept = [ln for ln in data.decode().splitlines(True) if ln.split("=")[0].strip() in ("cuda", "git_version", "hip")]
+            data = "".join(['__version__ = "%s"\n' % version] + kept).encode()
         entries.append((rel, data))
     entries.append((distinfo + "/METADATA", ("Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: %s\nRequires-Python: >=3.9\n"
                                              "License: %s\n" % (name, version, summary, license_name)).encode()))
