@@ -12,7 +12,7 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLL_LINK := .collections/ansible_collections/kpro/gpu_serving
 
-.PHONY: .debian-tools help setup lock sglang-lock units units-a units-b static sanity lint lab-up lab-down lab-test molecule test demo drill bench build ee-context clean
+.PHONY: .debian-tools help setup lock sglang-lock check-inventory units units-a units-b static sanity lint lab-up lab-down lab-test molecule test demo drill bench build ee-context clean
 
 help:
 	@echo "make demo   - set up, bring the lab up, run the migration twice (second run changed=0), lab down"
@@ -20,6 +20,7 @@ help:
 	@echo "make drill DRILL=<phase>|all - the serve stage against a failure drill in the lab, with its diagnosis"
 	@echo "make setup | lock | units | sanity | lint | lab-up | lab-down | lab-test | molecule | bench | build"
 	@echo "make ee-context - the execution environment's build context in .build/ee (meta/execution-environment.yml)"
+	@echo "make check-inventory INVENTORY=inventories/kpro [ANSIBLE_ARGS=--ask-vault-pass] - the inventory checked offline"
 
 # The toolchain, pinned with hashes in requirements/dev.lock, installed with uv.
 $(VENV)/.synced: requirements/dev.lock
@@ -43,6 +44,14 @@ setup: $(VENV)/.synced $(COLL_LINK) .debian-tools
 
 lock:
 	uv pip compile requirements/dev.in --python "$(PYTHON)" --generate-hashes -q -o requirements/dev.lock
+
+# The inventory, checked offline before a run (playbooks/check-inventory.yml: on the controller only, it contacts no
+# host): every input of every host, all problems in one run. Needs only the venv, not the test tools.
+#   make check-inventory INVENTORY=inventories/kpro ANSIBLE_ARGS=--ask-vault-pass
+INVENTORY ?= inventories/lab
+ANSIBLE_ARGS ?=
+check-inventory: $(VENV)/.synced $(COLL_LINK)
+	$(BIN)/ansible-playbook -i $(INVENTORY) playbooks/check-inventory.yml $(ANSIBLE_ARGS)
 
 units: setup
 	$(BIN)/python -m pytest -q tests/unit
