@@ -25,6 +25,12 @@ def inventory_address_problems(hosts):
     return inventory_check.address_problems(dict(hosts or {}))
 
 
+def sglang_lock_pythons(lock_dir, version, arch="*"):
+    """The Pythons the collection has a lock for (module_utils/inventory_check.py lock_pythons): the preflight's list."""
+    return inventory_check.lock_pythons(str(lock_dir), str(version), str(arch))
+
+
 class FilterModule(object):
     def filters(self):
-        return {"inventory_problems": inventory_problems, "inventory_address_problems": inventory_address_problems}
+        return {"inventory_problems": inventory_problems, "inventory_address_problems": inventory_address_problems,
+                "sglang_lock_pythons": sglang_lock_pythons}

@@ -259,6 +259,15 @@ def container_problems(host, inputs):
     return out
 
 
+def lock_pythons(lock_dir, version, arch="*"):
+    """The Pythons (X.Y, in version order) the collection has a lock for, for this SGLang version and architecture
+    (roles/sglang_install/files/locks/sglang-<version>-py<X.Y>-<arch>.txt): this check's and the preflight's list."""
+    prefix = "sglang-%s-py" % version
+    found = glob.glob(os.path.join(lock_dir, "%s*-%s.txt" % (glob.escape(prefix), glob.escape(arch) if arch != "*" else "*")))
+    return sorted(set(re.sub(r"-.*$", "", os.path.basename(p)[len(prefix):]) for p in found),
+                  key=lambda v: [int(x) if x.isdigit() else x for x in v.split(".")])
+
+
 def lock_problems(host, inputs, lock_dir):
     """Stage 5's hashed lock: the given file, else the role's lock for the SGLang version and the container's Python
     (when the inventory names it: sglang_install_python ending in pythonX.Y)."""
@@ -269,9 +278,7 @@ def lock_problems(host, inputs, lock_dir):
         return [] if os.path.isfile(given) else [problem(
             host, "sglang_install_lock_file", "%s does not exist on the controller" % given,
             "point it at a lock made by roles/sglang_install/files/locks/regenerate.sh")]
-    pythons = sorted(set(re.sub(r"-.*$", "", os.path.basename(p)[len("sglang-%s-py" % version):])
-                         for p in glob.glob(os.path.join(lock_dir, "sglang-%s-py*-*.txt" % glob.escape(version)))),
-                     key=lambda v: [int(x) if x.isdigit() else x for x in v.split(".")])
+    pythons = lock_pythons(lock_dir, version)
     python = inputs.text("sglang_install_python") or "/usr/bin/python3"
     m = re.search(r"python(\d+\.\d+)$", python)
     regen = "make sglang-lock SGLANG_VERSION=%s PYVER=<X.Y>" % version

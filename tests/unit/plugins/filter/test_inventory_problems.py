@@ -7,6 +7,8 @@ lookup kpro.gpu_serving.inventory_inputs returns them."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.filter import inventory_check as flt
@@ -234,3 +236,10 @@ def test_every_host_reached_over_ssh_has_its_own_address():
     # a container over SSH needs its own address; one reached with pct does not
     assert addresses({"kpro5": NODE, "ct129": dict(CT, connection="ssh", ansible_host=None)}) == [
         "ct129: ansible_host: not set (the name ct129 would be resolved by DNS) - set the host's address in hosts.yml"]
+
+
+def test_sglang_lock_pythons_lists_the_collections_locks_in_version_order():
+    locks = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "sglang_install", "files", "locks")
+    assert flt.sglang_lock_pythons(locks, "0.5.11", "x86_64") == ["3.11", "3.12", "3.13"]
+    assert flt.sglang_lock_pythons(locks, "0.5.11") == ["3.11", "3.12", "3.13"]
+    assert flt.sglang_lock_pythons(locks, "0.5.11", "aarch64") == [] and flt.sglang_lock_pythons(locks, "9.9") == []
