@@ -3,7 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Persistent vfio-pci bindings: find them and take *our* device ids out of them.
 
-Where a passthrough setup binds a device to vfio-pci at boot (shared/reference/proxmox_nvidia.md 1.1):
+Where a passthrough setup binds a device to vfio-pci at boot (pve-docs 9.1.3: system-booting.adoc "Editing the
+Kernel Commandline" and GRUB "Configuration"; qm-pci-passthrough.adoc "General Requirements" (/etc/modules) and
+"Host Device Passthrough" / "Host Configuration" (modprobe.d); the other places are modprobe.d(5),
+modules-load.d(5) and initramfs-tools(7) ones that third-party guides use):
 
 - the kernel command line: ``/etc/kernel/cmdline`` (proxmox-boot-tool / systemd-boot) and
   ``GRUB_CMDLINE_LINUX[_DEFAULT]`` in ``/etc/default/grub`` and ``/etc/default/grub.d/*.cfg``

@@ -3,8 +3,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Proxmox VMs that reference host PCI devices: find them, tell whether they run, detach them.
 
-Sources (shared/reference/proxmox_nvidia.md 1.6, qemu-server PCI.pm, pve-guest-common
-PVE/Mapping/PCI.pm):
+Sources: qemu-server 9.2.6 (src/PVE/QemuServer.pm parse_vm_config; src/PVE/QemuServer/PCI.pm $hostpci_fmt,
+parse_hostpci, $PCIID_RESERVATION_FILE; src/PVE/QemuServer/Helpers.pm vm_running_locally), pve-guest-common 6.0.2
+(src/PVE/Mapping/PCI.pm), pve-common 9.2.1 (src/PVE/SysFSTools.pm lspci, src/PVE/File.pm file_set_contents):
 
 - ``/etc/pve/qemu-server/<vmid>.conf`` (the local node's VMs): ``key: value`` lines; ``#`` lines
   are the description; ``[name]`` starts a snapshot section, ``[PENDING]`` the pending changes
@@ -18,8 +19,8 @@ PVE/Mapping/PCI.pm):
   lines (one per node), and ``description`` / ``mdev`` / ``live-migration-capable`` lines.
 - Running: PVE's ``vm_running_locally``: ``/var/run/qemu-server/<vmid>.pid`` names a live
   process whose command line has ``-pidfile .../<vmid>.pid``. Also
-  ``/run/qemu-server/pci-id-reservations`` (``<pciid> <vmid> pid:<pid>`` while a start is
-  binding devices).
+  ``/run/qemu-server/pci-id-reservations``: ``<pciid> <vmid> time:<expiry>`` from the reservation
+  while a start binds the devices, then ``<pciid> <vmid> pid:<pid>`` once the VM process runs.
 
 Writes under /etc/pve (pmxcfs): ``<file>.tmp.<pid>`` created with O_EXCL, then rename; no
 chmod/chown (pmxcfs refuses most modes); backups go outside /etc/pve, where pmxcfs would

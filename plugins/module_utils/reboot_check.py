@@ -14,10 +14,14 @@ Pure decisions over what the module read (nothing here changes the host):
 - each ``devN`` entry of the container names a node the device-node unit creates at boot: nvidia-modprobe ``-c N``
   makes /dev/nvidiaN (255: /dev/nvidiactl), ``-u -c M`` makes /dev/nvidia-uvm and /dev/nvidia-uvm-tools (minor M+1;
   nvidia-modprobe's modprobe-utils/nvidia-modprobe-utils.c, nvidia_uvm_mknod), ``-m`` makes /dev/nvidia-modeset.
-  PVE refuses to start a container whose devN node is missing (PVE/LXC.pm, see shared/reference/verified-sources.md);
+  PVE refuses to start a container whose devN node is missing (pve-container 6.1.10, src/PVE/LXC.pm update_lxc_config
+  calls src/PVE/LXC/Tools.pm get_device_mode_and_rdev, which dies "Device <path> does not exist");
 - no VM with ``onboot: 1`` references a GPU function (``hostpciN``, directly or through a PCI mapping): at boot
-  pve-guests.service starts every onboot guest (shared/reference/proxmox_nvidia.md) and a VM start binds its hostpci
-  functions to vfio-pci (verified-sources.md, "Linux vfio-pci"), taking the GPUs from the container. The
+  pve-guests.service runs ``pvesh create /nodes/localhost/startall``, which starts every onboot guest that HA does not
+  manage (pve-manager 9.2.11, services/pve-guests.service, PVE/API2/Nodes.pm get_start_stop_list), and a VM start
+  binds every non-bridge function of each hostpci device's IOMMU group to vfio-pci (qemu-server 9.2.6,
+  src/PVE/QemuServer/PCI.pm prepare_pci_device; pve-common 9.2.1, src/PVE/SysFSTools.pm pci_dev_group_bind_to_vfio,
+  which writes "<vendor> <device>" to vfio-pci/new_id), taking the GPUs from the container. The
   GPU functions are the NVIDIA display functions (or ``ids``) and their slot and IOMMU-group companions, as
   vfio_release selects them (vfio_host.select, pve_guests.find_references).
 """

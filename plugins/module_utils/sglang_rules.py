@@ -13,9 +13,11 @@ from __future__ import annotations
 # all-reduce buffers), per GPU, counted from NVML's memory.total: free before weights = total - baseline - this.
 # The lab's SGLang stand-in allocates the same amount (tests/lab/sglang_standin/.../memory.py PRE_WEIGHTS_MIB;
 # tests/unit/lab/test_sglang_standin.py checks that both agree). No real `Load weight begin. avail mem=` line of
-# an RTX A6000 was found in the public issues and pages searched; 800 MiB is the estimate of
-# shared/reference/sglang.md 4.4 (about 47.2 GiB free before weights on a 49140 MiB A6000). Replace it by a
-# measured or published value for this GPU class when one is at hand.
+# an RTX A6000 was found in the public issues and pages searched; 800 MiB is this project's estimate (about
+# 47.2 GiB free before weights on a 49140 MiB A6000), not a measurement. SGLang measures the value as
+# pre_model_load_memory, the minimum over the ranks, at the end of init_torch_distributed (model_runner.py:
+# 1214-1219); `Load weight begin. avail mem=` (1289-1291) prints the rank's own. Replace it by a measured or
+# published value for this GPU class when one is at hand.
 PRE_WEIGHTS_MIB = 800
 
 # server_args.py:2138-2296 (_handle_model_specific_adjustments): the hybrid (linear attention / mamba)

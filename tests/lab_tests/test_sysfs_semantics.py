@@ -126,7 +126,8 @@ def test_errnos(node):
 
 
 def test_release_sequence_and_new_id_regrab(node):
-    """proxmox_nvidia.md 1.3 with no nvidia driver loaded: GPUs end unbound, audio on snd_hda_intel."""
+    """The release sequence (the kernel's Documentation/ABI/testing/sysfs-bus-pci: remove_id, driver_override,
+    drivers_probe) with no nvidia driver loaded: GPUs end unbound, audio on snd_hda_intel."""
     for ident in ("10de 2230", "10de 1aef"):
         assert write(node, "bus/pci/drivers/vfio-pci/remove_id", ident + "\n") is None
         assert write(node, "bus/pci/drivers/vfio-pci/remove_id", ident + "\n") == ("write", errno.ENODEV)

@@ -38,7 +38,9 @@ Package index: ``/simple/`` and ``/simple/<normalized-name>/`` (HTML, or PEP 691
 header asks for ``application/vnd.pypi.simple.v1+json``); links carry ``#sha256=``, ``data-requires-python``
 and PEP 658/714 core metadata (``/files/<wheel>.metadata``); files are served from ``/files/<name>``.
 
-Hub (huggingface_hub 2.x protocol, see shared/reference/feasibility.md section 5):
+Hub (what huggingface_hub 2.4.0 asks and checks: hf_api.py HfApi.model_info and list_repo_tree,
+file_download.py get_hf_file_metadata and _get_metadata_or_catch_error (X-Repo-Commit, ETag, X-Linked-Etag,
+X-Linked-Size), _snapshot_download.py snapshot_download):
   GET  /api/models/{repo}[/revision/{rev}]   model info (``sha``, ``siblings``, ``usedStorage``; ``?blobs=true``
                                              adds size/blobId/lfs to siblings)
   GET  /api/models/{repo}/tree/{rev}[/{dir}]?recursive=true   files with size, git oid and lfs{oid,size,pointerSize}

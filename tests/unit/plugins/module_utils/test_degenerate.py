@@ -109,7 +109,10 @@ def test_drift_into_salad_is_found_in_the_tail():
 # --- constructed cases: regressions and the classes without a real example --------------------
 
 DEGENERATE = [
-    # shared/seeds/000_*.txt: after "Application startup complete" the server "generates \n\n repeatedly and stops"
+    # the incident this project started from (docs/troubleshooting.md, degenerate_output: "the seed's \n\n"): SGLang
+    # 0.5.9 with MTP, Qwen3.6-27B at TP=2, after "Application startup complete" generated "\n\n" repeatedly and stopped.
+    # No public copy of that output exists; sgl-project/sglang#19393 (fixed by PR #19411, after 0.5.9) reports the
+    # same class, repetitive output of Qwen3.5-27B at tp=2.
     ("seed_newlines", "\n\n", "whitespace_only"),
     ("seed_newlines_run", "\n\n" * 20, "whitespace_only"),
     ("empty", "", "empty"),
