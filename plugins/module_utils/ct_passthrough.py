@@ -14,6 +14,7 @@ import re
 import shutil
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config as lc
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.device_nodes import made_at_boot
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
 
 
@@ -151,6 +152,7 @@ def run(module, p, vmid, result, warnings):
     ctx = prepare(module, p, vmid, result, warnings)
     new, devn_set, devn_delete, pw = ctx["compute"](ctx["conf"])
     warnings.extend(pw)
+    warnings.extend(boot_warnings(p, vmid, ctx["conf"], ctx["devices"], devn_set, devn_delete))
     before, after = ctx["conf"].render(), new.render()
     changed = bool(devn_set or devn_delete or after != before)
     refuse_token_devn(p, ctx["writer"], devn_set or devn_delete)
@@ -187,6 +189,7 @@ def prepare(module, p, vmid, result, warnings):
     needs_api = api_check(module, p, vmid, writer)
     devices, proc_devices = find_devices(p, gpus, pve_dir, warnings)
     result["devices"] = devices
+    result["left_out"] = [] if p["devices"] else lc.caps_left_out(p["dev_root"])
     result["majors"] = dict((n, m) for n, m in proc_devices.items() if n.startswith("nvidia"))
     return dict(raw=raw, conf=lc.ConfigFile.parse(raw), writer=writer, needs_api=needs_api, devices=devices,
                 proc_devices=proc_devices, compute=planner(p, writer, devices, proc_devices))
@@ -212,6 +215,26 @@ def planner(p, writer, devices, proc_devices):
             new.set_key(key, dplan.devn_set[key])
         return new, dplan.devn_set, dplan.devn_delete, rplan.warnings
     return compute
+
+
+def boot_warnings(p, vmid, conf, devices, devn_set, devn_delete):
+    """A devN entry dropped (removed or reused) because no boot makes its node, or one O(devices) asks for that no boot
+    makes: PVE refuses to start a container whose devN node is missing (device_nodes): after a reboot it would stay down."""
+    old = owned_state(lc.effective_conf(conf))
+    out = ["CT %s: %s (%s) removed: nothing makes that node at boot, so PVE would refuse to start the container after a "
+           "reboot" % (vmid, k, _path(old[k])) for k in sorted(set(devn_delete) | set(devn_set), key=lambda k: int(k[3:]))
+           if k in old and _path(old[k]) != _path(devn_set.get(k)) and not made_at_boot(_path(old[k]))]
+    late = [d["path"] for d in devices if lc.is_owned_path(d["path"]) and not made_at_boot(d["path"])]
+    if late and p["method"] == "devN":
+        them = "it" if len(late) == 1 else "them"
+        out.append("CT %s: %s passed as devN, but the device-node unit does not make %s at boot: after a reboot PVE refuses "
+                   "to start the container unless something makes %s before pve-guests.service" % (
+                       vmid, ", ".join(late), them, them))
+    return out
+
+
+def _path(devn_value):
+    return lc.parse_dev_value(devn_value or "").get("path")
 
 
 def refuse_token_devn(p, writer, devn_changes):

@@ -37,6 +37,7 @@ import stat
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.pmxcfs import (
     MAX_FILE_SIZE, MODE_INHERIT, FlockLock, atomic_write as pmxcfs_atomic_write)
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import fileio
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.device_nodes import made_at_boot
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.pve_config import ConfigFile, Line, Section  # the CT parser
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PhasedError
 
@@ -181,8 +182,9 @@ def _gpu_index(name):
 
 
 def discover_devices(dev_root="/", gpus="all"):
-    """The NVIDIA nodes to pass: GPUs (all or the given indices), nvidiactl, nvidia-uvm(-tools),
-    nvidia-modeset and /dev/nvidia-caps/* when present. Raises naming a missing required node."""
+    """The NVIDIA nodes to pass: GPUs (all or the given indices), nvidiactl, nvidia-uvm(-tools), and
+    nvidia-modeset when present. Raises naming a missing required node. A /dev/nvidia-caps/* node is passed only if
+    the boot makes it (none is: PVE would refuse to start the container after a reboot; device_nodes, caps_left_out)."""
     devdir = _host_path(dev_root, "/dev")
     try:
         names = sorted(os.listdir(devdir))
@@ -207,11 +209,17 @@ def discover_devices(dev_root="/", gpus="all"):
     devices = [stat_device(p, dev_root) for p in paths]
     if os.path.exists(_host_path(dev_root, "/dev/nvidia-modeset")):
         devices.append(stat_device("/dev/nvidia-modeset", dev_root))
+    return devices + [stat_device(p, dev_root) for p in _present_caps(dev_root) if made_at_boot(p)]
+
+
+def _present_caps(dev_root):
     capsdir = _host_path(dev_root, "/dev/nvidia-caps")
-    if os.path.isdir(capsdir):
-        for n in sorted(os.listdir(capsdir)):
-            devices.append(stat_device("/dev/nvidia-caps/" + n, dev_root))
-    return devices
+    return ["/dev/nvidia-caps/" + n for n in sorted(os.listdir(capsdir))] if os.path.isdir(capsdir) else []
+
+
+def caps_left_out(dev_root="/"):
+    """The /dev/nvidia-caps/* nodes present now that discover_devices leaves out (the boot does not remake them)."""
+    return [p for p in _present_caps(dev_root) if not made_at_boot(p)]
 
 
 def normalize_devices(items, dev_root="/", require_nodes=True, proc_devices=None):

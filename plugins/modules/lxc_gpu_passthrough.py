@@ -80,7 +80,11 @@ options:
         there takes its major from its name: 195 for C(nvidia<N>), C(nvidiactl), C(nvidia-modeset), and
         C(/proc/devices) for C(nvidia-uvm*) and C(nvidia-caps/*)."
       - "Without O(devices): C(/dev/nvidia<N>) (filtered by O(gpus)), C(/dev/nvidiactl), C(/dev/nvidia-uvm),
-        C(/dev/nvidia-uvm-tools) are required; C(/dev/nvidia-modeset) and C(/dev/nvidia-caps/*) are passed when present."
+        C(/dev/nvidia-uvm-tools) are required; C(/dev/nvidia-modeset) is passed when present. C(/dev/nvidia-caps/*)
+        (MIG capabilities, made on demand by C(nvidia-modprobe -f)) is not passed (RV(left_out)): no boot makes it, and
+        PVE refuses to start a container whose C(devN) node is missing, so it would stay down after a reboot. An owned
+        C(devN) entry for it is removed, with a warning."
+      - "A path given here that the device-node unit does not make at boot is passed, with a warning (O(method=devN))."
     type: list
     elements: raw
   require_nodes:
@@ -266,6 +270,12 @@ majors:
   returned: always
   type: dict
   sample: {"nvidia": 195, "nvidia-uvm": 509}
+left_out:
+  description: The C(/dev/nvidia-caps/*) nodes present on this host and not passed, because no boot makes them.
+  returned: always
+  type: list
+  elements: str
+  sample: [/dev/nvidia-caps/nvidia-cap1, /dev/nvidia-caps/nvidia-cap2]
 backup_file:
   description: Backup of the previous config, when one was written.
   returned: when changed and O(backup=true)

@@ -195,6 +195,37 @@ def test_dkms_autoinstall_after_kernel_change(host):
     assert r.returncode == 0 and "already installed" in r.stdout
     r = host.run([host.p("/usr/sbin/dkms"), "--version"])  # executable through its sh/python3 header
     assert r.returncode == 0 and r.stdout.strip() == "dkms-3.0.10"
+    # the uninstaller's `dkms remove --all` takes the module of every kernel DKMS built it for, not only the tree
+    assert install(host, "--uninstall", "--silent").returncode == 0
+    assert not os.path.exists(host.p("/lib/modules/%s/updates/dkms/nvidia.ko" % NEW_RELEASE))
+    assert NEW_RELEASE not in host.state()["nvidia"]["kernel_modules"]
+
+
+def test_installed_without_dkms_dkms_refuses_the_same_version_unless_forced(host):
+    """--no-dkms: the sources and dkms.conf still go to /usr/src/nvidia-<version>, the modules to kernel/drivers/video,
+    DKMS knows nothing. dkms 3.0.10 install adds the sources by itself (prepare_build), builds, and check_version_sanity
+    refuses every module (the same version is already in the kernel's tree): "Installation aborted." (rc 6), the module
+    left built. --force installs it into updates/dkms (which depmod's default search order puts first)."""
+    dkms = "/usr/sbin/dkms"
+    assert install(host, *[a if a != "--dkms" else "--no-dkms" for a in HOST]).returncode == 0
+    assert os.path.exists(host.p("/usr/src/nvidia-%s/dkms.conf" % VERSION))
+    assert host.tool(dkms, "status", "-m", "nvidia").stdout == ""
+    r = host.tool(dkms, "install", "-m", "nvidia", "-v", VERSION, "-k", RELEASE)
+    assert r.returncode == 6 and "Creating symlink /var/lib/dkms/nvidia/%s/source" % VERSION in r.stdout
+    assert ("Module version %s for nvidia.ko\nexactly matches what is already found in kernel %s.\nDKMS will not replace "
+            "this module.\nYou may override by specifying --force.\n" % (VERSION, RELEASE)) in r.stderr
+    assert r.stderr.endswith("Error! Installation aborted.\n") and r.stderr.count("DKMS will not replace") == 5
+    assert host.tool(dkms, "status", "-m", "nvidia").stdout == "nvidia/%s, %s, x86_64: built\n" % (VERSION, RELEASE)
+    assert not os.path.exists(host.p("/lib/modules/%s/updates/dkms/nvidia.ko" % RELEASE))
+    r = host.tool(dkms, "install", "--force", "-m", "nvidia", "-v", VERSION, "-k", RELEASE)
+    assert r.returncode == 0 and "DKMS will not replace" not in r.stderr, r.stderr
+    assert host.tool(dkms, "status", "-m", "nvidia").stdout == "nvidia/%s, %s, x86_64: installed\n" % (VERSION, RELEASE)
+    assert os.path.exists(host.p("/lib/modules/%s/updates/dkms/nvidia.ko" % RELEASE))
+    # remove takes DKMS's copy (and, the last kernel, the module from the tree); the installer's alone again, a plain
+    # install is refused again: why the collection's rebuild of such a kernel passes --force
+    assert host.tool(dkms, "remove", "-m", "nvidia", "-v", VERSION, "-k", RELEASE).returncode == 0
+    assert host.tool(dkms, "status", "-m", "nvidia").stdout == ""
+    assert host.tool(dkms, "install", "-m", "nvidia", "-v", VERSION, "-k", RELEASE).returncode == 6
 
 
 def test_nvidia_modprobe_caps_and_no_driver(host):
@@ -209,6 +240,13 @@ def test_nvidia_modprobe_caps_and_no_driver(host):
     caps = host.state()["majors"]["nvidia-caps"]
     assert chr_node(host.p("/dev/nvidia-caps/nvidia-cap1")) == (caps, 1)
     assert chr_node(host.p("/dev/nvidia-caps/nvidia-cap2")) == (caps, 2)
+    # nvidia_cap_mknod takes only a path under /proc/driver/nvidia without "./"; the long option is the real one
+    for bad in ("/tmp/mig/config", "/proc/driver/nvidia/./capabilities/mig/config"):
+        assert host.tool("/usr/bin/nvidia-modprobe", "-f", bad).returncode == 1
+    assert host.tool("/usr/bin/nvidia-modprobe", "--capability", "/proc/driver/nvidia/capabilities/mig/config").returncode == 1
+    os.unlink(host.p("/dev/nvidia-caps/nvidia-cap1"))
+    r = host.tool("/usr/bin/nvidia-modprobe", "--nvidia-capability-device-file=/proc/driver/nvidia/capabilities/mig/config")
+    assert r.returncode == 0 and chr_node(host.p("/dev/nvidia-caps/nvidia-cap1")) == (caps, 1)
 
 
 # --- systemctl ---------------------------------------------------------------------------

@@ -8,8 +8,10 @@ import difflib
 import hashlib
 import os
 import shutil
+from unittest import mock
 
 import pytest
+from ansible.module_utils import basic
 
 from ansible_collections.kpro.gpu_serving.plugins.modules import lxc_gpu_passthrough as mod
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config as lc
@@ -503,3 +505,57 @@ def test_ca_content_is_put_at_ca_path_before_the_api_and_check_mode_uses_a_copy(
     assert seen[-1] == (str(dest), ca)
     r2 = ok(dict(args(env), ca_path=str(dest), ca_content=ca))
     assert not r2["changed"] and not r2["ca_changed"]
+
+
+# ------------------------------------------------------------------ /dev/nvidia-caps: present now, not made at boot
+
+
+def caps_host(env, monkeypatch):
+    """A /dev with the boot unit's nodes and the two MIG capability nodes nvidia-smi leaves (nvidia-modprobe -f)."""
+    dev = env / "root" / "dev"
+    (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
+    for n in DEVICES + ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]:
+        (dev / n[5:]).write_text("")
+    monkeypatch.setattr(lc, "stat_device", lambda path, dev_root="/": {
+        "path": path, "major": 510 if "caps" in path else 195, "minor": int(path[-1]) if path[-1].isdigit() else 0})
+    a = args(env, dev_root=str(env / "root"))
+    del a["devices"]
+    return a
+
+
+def warned_ok(a):
+    warned = []
+    with mock.patch.object(basic.AnsibleModule, "warn", lambda self, msg: warned.append(msg)):
+        return ok(a), warned
+
+
+def test_caps_nodes_present_are_not_passed(env, monkeypatch):
+    r, warned = warned_ok(caps_host(env, monkeypatch))
+    assert [d["path"] for d in r["devices"]] == DEVICES
+    assert r["left_out"] == ["/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"]
+    assert "nvidia-caps" not in (env / "lxc" / "129.conf").read_text()
+    assert not [w for w in warned if "nvidia-caps" in w], warned
+
+
+def test_caps_entries_of_an_earlier_run_are_removed_with_a_warning(env, monkeypatch):
+    path = env / "lxc" / "129.conf"
+    text = path.read_text()
+    path.write_text(text.replace("swap: 0\n", "swap: 0\ndev7: /dev/nvidia-caps/nvidia-cap1,mode=0666\n"
+                                 "dev8: /dev/nvidia-caps/nvidia-cap2,mode=0666\n", 1))
+    r, warned = warned_ok(caps_host(env, monkeypatch))
+    after = path.read_text()
+    assert r["changed"] and "nvidia-caps" not in after.split("[pve:pending]")[0], after
+    assert [w for w in warned if "(/dev/nvidia-caps/nvidia-cap" in w and "removed: nothing makes that node at boot" in w
+            and "refuse to start" in w], warned
+    again, warned = warned_ok(caps_host(env, monkeypatch))
+    assert not again["changed"] and not [w for w in warned if "nvidia-caps" in w], warned
+
+
+def test_explicit_caps_device_is_passed_with_a_warning(env, monkeypatch):
+    a = dict(caps_host(env, monkeypatch), devices=DEVICES + ["/dev/nvidia-caps/nvidia-cap1"])
+    r, warned = warned_ok(a)
+    assert any(v.startswith("/dev/nvidia-caps/nvidia-cap1,") for v in r["devn"].values()), r["devn"]
+    assert [w for w in warned if "/dev/nvidia-caps/nvidia-cap1 passed as devN, but the device-node unit does not make it at "
+            "boot" in w], warned
+    _raw, warned = warned_ok(dict(a, method="lxc_raw"))  # bind mounts are optional: a missing source does not stop a start
+    assert not [w for w in warned if "device-node unit" in w], warned

@@ -497,7 +497,8 @@ def parse_device(value):
 
 
 def device_mode_and_rdev(dev_path):
-    """PVE::LXC::Tools::get_device_mode_and_rdev on the node's /dev (root-relative).
+    """PVE::LXC::Tools::get_device_mode_and_rdev on the node's /dev (root-relative): pve-container
+    src/PVE/LXC/Tools.pm:157-166, the same text in 5.2.6 (PVE 8) and 6.1.x (PVE 9).
 
     A regular file whose content starts with ``c M:m``/``b M:m`` counts as a device: the lab's
     marker for nodes it could not mknod (unprivileged unit tests)."""
