@@ -29,4 +29,10 @@ remedy:
   description: On failure, what to do (also appended to RV(msg) after C(Remedy:)).
   returned: failure
   type: str
+known_failure:
+  description:
+    - On failure, the same as data - C(phase), C(msg) (without the phase and the remedy), C(evidence), C(remedy) - for a
+      task that reads a registered failure (never parse RV(msg)).
+  returned: failure
+  type: dict
 """

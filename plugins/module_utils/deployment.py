@@ -260,9 +260,9 @@ def record_after_rollback(record, wanted, diagnosis, good, restored_gate, failed
     return new
 
 
-# keys of a registered task result that are Ansible's, not the gate's
-_NOT_GATE_KEYS = ("phase", "msg", "remedy", "evidence", "failed", "changed", "invocation", "finished", "started", "results_file",
-                  "warnings", "deprecations", "exception")
+# keys of a registered task result that are Ansible's, or the failure itself (Failure.result adds them again)
+_NOT_GATE_KEYS = ("phase", "msg", "remedy", "evidence", "known_failure", "failed", "changed", "invocation", "finished", "started",
+                  "results_file", "warnings", "deprecations", "exception")
 
 
 def gate_details(diagnosis):
@@ -270,20 +270,12 @@ def gate_details(diagnosis):
     return dict((k, v) for k, v in diagnosis.items() if k not in _NOT_GATE_KEYS and not k.startswith(("_", "ansible_")))
 
 
-def _diagnosis_text(diagnosis, phase):
-    """The gate's message without its ``<phase>: `` prefix and `` Remedy: ...`` tail (Failure.result adds them again)."""
-    msg = (diagnosis.get("msg") or "").split(" Remedy: ")[0]
-    return msg[len(phase) + 2:] if msg.startswith(phase + ": ") else msg
-
-
 def not_rolled_back(diagnosis, reason):
     """The gate's failure when there is nothing to roll back to (``reason`` None: nothing changed, the failure as it is)."""
-    phase = diagnosis.get("phase") or "not_started"
-    msg = _diagnosis_text(diagnosis, phase)
-    details = gate_details(diagnosis)
-    details["rolled_back"] = False
-    return Failure(phase, "%s; not rolled back: %s" % (msg, reason) if reason else msg, remedy=diagnosis.get("remedy") or "",
-                   evidence=diagnosis.get("evidence") or [], **details)
+    gate = Failure.from_result(diagnosis, rolled_back=False, **gate_details(diagnosis))
+    if reason:
+        gate.msg = "%s; not rolled back: %s" % (gate.msg, reason)
+    return gate
 
 
 def revision_note(good, wanted):
@@ -300,15 +292,13 @@ def rolled_back(diagnosis, good, restored_gate, failed_at, now=None, wanted=None
     """The Failure that ends a rolled-back run: the new deployment's diagnosis, then whether the good one serves again
     (``wanted``: the failing deployment, to say when the model revision in place is not the restored one's)."""
     now = time.time() if now is None else now
-    phase = diagnosis.get("phase") or "not_started"
-    msg = _diagnosis_text(diagnosis, phase)
+    gate = Failure.from_result(diagnosis, **gate_details(diagnosis))
     note = revision_note(good, wanted)
-    evidence = list(diagnosis.get("evidence") or [])
     if restored_serves(restored_gate):
-        details = gate_details(diagnosis)
-        details.update(serving_again_s=round(now - failed_at, 1), rolled_back=True)
-        return Failure(phase, "%s; rolled back to %s, serving again (%.1f s after the failure)%s" % (msg, describe(good), now - failed_at, note),
-                       remedy=diagnosis.get("remedy") or "", evidence=evidence, **details)
-    return Failure("rollback_failed", "%s (%s); the rollback to %s did not serve either: %s%s" % (msg, phase, describe(good), restored_gate.get("msg"), note),
-                   remedy="Both deployments failed their gate: see the two diagnoses; %s" % (diagnosis.get("remedy") or ""),
-                   evidence=evidence + list(restored_gate.get("evidence") or []), rolled_back=False)
+        gate.details.update(serving_again_s=round(now - failed_at, 1), rolled_back=True)
+        gate.msg = "%s; rolled back to %s, serving again (%.1f s after the failure)%s" % (gate.msg, describe(good), now - failed_at, note)
+        return gate
+    return Failure("rollback_failed", "%s (%s); the rollback to %s did not serve either: %s%s"
+                   % (gate.msg, gate.phase, describe(good), restored_gate.get("msg"), note),
+                   remedy="Both deployments failed their gate: see the two diagnoses; %s" % gate.remedy,
+                   evidence=gate.evidence + list(restored_gate.get("evidence") or []), rolled_back=False)

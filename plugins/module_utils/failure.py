@@ -17,9 +17,13 @@ SERVE_PHASES = (
     ("ready", "the server answered and its smoke test passed"),
     ("loading", "the server is still loading (not a failure while the gate waits)"),
     ("not_started", "the server did not start, or its settings were refused before it started"),
-    ("init_failed_before_gpu", "the server failed before it touched a GPU (arguments, imports, configuration)"),
-    ("weights_oom", "the model weights do not fit in GPU memory"),
+    ("init_failed_before_gpu", "the server failed before it touched a GPU (arguments, imports, configuration): no 'Init torch distributed begin.'"),
+    ("host_oom_killed", "a process of the server was SIGKILLed while loading, without an error of its own: the host's or the container's OOM killer"),
+    ("weights_oom", "the model weights do not fit in GPU memory (CUDA out of memory while loading them)"),
+    ("weights_load_failed", "loading the model failed between 'Load weight begin.' and 'Load weight end.', not for lack of memory"),
     ("kv_cache_oom", "the weights fit but too little memory is left for the KV cache"),
+    ("kv_pool_init_failed", "building the KV cache pool or the attention backend failed after the weights loaded, not for lack of memory"),
+    ("scheduler_init_failed", "the scheduler's set-up failed after the model, its KV pool and CUDA graphs were ready (not memory, NCCL, a port)"),
     ("nccl_error", "the GPUs could not talk to each other (NCCL)"),
     ("gpu_p2p_hang", "the two-GPU check before the launch did not finish within its timeout: NCCL/P2P hang (ACS, IOMMU)"),
     ("gpu_p2p_wrong_result", "the two-GPU check before the launch got wrong data from the NCCL all-reduce or the GPU-to-GPU copy"),
@@ -28,6 +32,7 @@ SERVE_PHASES = (
     ("cuda_graph_failed", "capturing CUDA graphs failed"),
     ("port_in_use", "the server's port is taken by another process"),
     ("warmup_failed", "the server came up but its first request failed"),
+    ("crashed_after_ready", "the server had been ready or had served requests, then a process of it died"),
     ("degenerate_output", "the server answers with degenerate text"),
     ("wrong_answer", "the server answers readable text, but wrong: a known-answer check at temperature 0 failed"),
     ("gpu_memory_held", "GPU memory is held by another process, or was not released by the old server"),
@@ -64,6 +69,7 @@ HOST_PHASES = (
     ("model_input", "a model download option is invalid, or its patterns select no file"),
     ("model_token", "the Hugging Face token file cannot be read"),
     ("model_locked", "another download into the same directory is still running"),
+    ("run_locked", "another run holds the container's lock (run_lock) for longer than the run waits; nothing was changed"),
     ("model_unavailable", "the model repository, revision or files cannot be found or read on the hub"),
     ("model_no_space", "the disk has too little free space for the model"),
     ("model_keep_failed", "the previous model revision could not be hard-linked (kept or restored)"),
@@ -81,6 +87,18 @@ HOST_PHASES = (
     # not a launch's diagnosis (sglang_log never gives it): the serve stage's rollback (sglang_deployment)
     ("rollback_failed", "a changed deployment failed its gate and the recorded previous one, restored, failed too"),
 )
+
+# Named differently since 0.1.0: failures the old names also covered, now named by where the start stopped and what
+# the evidence shows. For one release a renamed failure's ``former_phase`` (in the result and in facts) still carries
+# its 0.1.0 name, an alias that stays in the vocabulary with its own narrower meaning (docs/troubleshooting.md,
+# "Renamed phases").
+FORMER_PHASES = {
+    "host_oom_killed": "weights_oom",
+    "weights_load_failed": "init_failed_before_gpu",   # weights_oom when it died without an error and without a SIGKILL
+    "kv_pool_init_failed": "init_failed_before_gpu",
+    "scheduler_init_failed": "init_failed_before_gpu",
+    "crashed_after_ready": "warmup_failed",
+}
 
 PHASES = tuple(name for name, _meaning in SERVE_PHASES)
 # Phases after which nothing more will happen for this launch.
@@ -103,10 +121,24 @@ class Failure(Exception):
         self.evidence = evidence if evidence is not None else []
         self.details = details
 
+    def data(self):
+        """The failure as data: what a module result carries in ``known_failure`` and ``from_result`` reads back."""
+        return {"phase": self.phase, "msg": self.msg, "evidence": list(self.evidence), "remedy": self.remedy}
+
     def result(self):
         out = dict(self.details)
-        out.update(phase=self.phase, msg="%s: %s" % (self.phase, self.msg), evidence=self.evidence, remedy=self.remedy)
+        out.update(phase=self.phase, msg="%s: %s" % (self.phase, self.msg), evidence=self.evidence, remedy=self.remedy,
+                   known_failure=self.data())
         return out
+
+    @classmethod
+    def from_result(cls, result, **details):
+        """The Failure a failed module's result carries (its ``known_failure``), never parsed back out of its ``msg``; a
+        result without one (a task that failed some other way) keeps its msg as it is."""
+        data = result.get("known_failure") if isinstance(result.get("known_failure"), dict) else {}
+        return cls(data.get("phase") or result.get("phase") or "not_started", data.get("msg") or result.get("msg") or "failed",
+                   remedy=data.get("remedy", result.get("remedy")) or "", evidence=list(data.get("evidence", result.get("evidence")) or []),
+                   **details)
 
     def message(self):
         """The failed task's msg, as fail() reports it: the phase, the message, then the remedy."""

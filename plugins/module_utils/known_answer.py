@@ -235,7 +235,7 @@ def judge(check, status, resp):
         out.update(kind="thinking_in_content", thinking=thought[:300], why="content holds the model's thinking (%s tag); %s" % (
             THINK_END if THINK_END in content else THINK_START, after))
         return out
-    deg = detect_degenerate(content)
+    deg = detect_degenerate(content, prompt=check["prompt"])
     if deg["degenerate"]:
         out.update(kind="degenerate", why="degenerate text (%s)" % deg["reason"])
         return out

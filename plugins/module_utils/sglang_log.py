@@ -6,7 +6,9 @@
 Pure functions, standard library only (they run on the target's Python 3.9+).
 
 The log format and the order of the startup lines are those of SGLang 0.5.9
-(``shared/reference/sglang.md`` sections 1 and 2): SGLang's own lines are
+(sglang-0.5.9 wheel: utils/common.py:1216-1234 configure_logger and :2507-2519 set_uvicorn_logging_configs;
+the rank tag from managers/scheduler.py:3080-3096; the startup lines in model_executor/model_runner.py):
+SGLang's own lines are
 ``[YYYY-MM-DD HH:MM:SS( TPn)] message`` (scheduler ranks carry a ``TPn`` / ``DPn TPn`` /
 ``PPn`` tag), uvicorn's lines go through the same timestamp format or its own
 ``INFO:     message``; exceptions are Python tracebacks, usually wrapped in
@@ -19,13 +21,16 @@ and :func:`diagnose` (phase, evidence, remedy, facts).
 from __future__ import annotations
 
 import calendar
+import os
 import re
 import time
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.compat import RULES as COMPAT_RULES
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect as detect_degenerate
 # The diagnosis vocabulary (DESIGN.md) lives in failure.py, with the host's phases.
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import PHASES, TERMINAL_PHASES  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import FORMER_PHASES, PHASES, TERMINAL_PHASES  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_log_signals as signals
 
 LAUNCH_HEADER = "# kpro-launch-id:"
 _LAUNCH_HEADER_RE = re.compile(r"^#\s*kpro-launch-id:\s*(\S+)\s*$")
@@ -68,8 +73,11 @@ _MILESTONES = [
     # every KV pool class is a *TokenToKVPool; some announce themselves before allocating
     ("kv_pool_init", re.compile(r"^Initiali[sz]e \w*TokenToKVPool\b")),
     ("mem_pool_end", re.compile(r"Memory pool end\. avail mem=" + _NUM + r" GB")),
-    ("graph_begin", re.compile(r"Capture (?:draft )?(?:extend )?(?:cuda|npu|cpu|xpu|hpu|musa) ?graph begin\.")),
-    ("graph_end", re.compile(r"Capture (?:draft )?(?:extend )?(?:cuda|npu|cpu|xpu|hpu|musa) ?graph end\.")),
+    # "Capture cuda graph begin.", "Capture draft extend cuda graph begin.", later "Capture target decode CUDA graph begin."
+    ("graph_begin", re.compile(r"Capture (?:\w+ ){0,3}(?:cuda|npu|cpu|xpu|hpu|musa) ?graph begin\.", re.I)),
+    ("graph_end", re.compile(r"Capture (?:\w+ ){0,3}(?:cuda|npu|cpu|xpu|hpu|musa) ?graph end\.", re.I)),
+    # the capture's tqdm bar (sglang-0.5.11 model_executor/cuda_graph_runner.py:870)
+    ("graph_progress", re.compile(r"Capturing batches \(bs=")),
     ("max_total_tokens", re.compile(r"max_total_num_tokens=(\d+)")),
     ("uvicorn_started", re.compile(r"Started server process \[(\d+)\]")),
     ("app_startup", re.compile(r"Application startup complete\.")),
@@ -81,7 +89,8 @@ _MILESTONES = [
     ("profiled_negative", re.compile(r"is larger than the profiled value (-?\d+)")),
     # failure signatures
     ("scheduler_exception", re.compile(r"Scheduler hit an exception")),
-    ("sigquit", re.compile(r"Received sigquit from a child process")),
+    # 0.4.x wrote "proces"
+    ("sigquit", re.compile(r"Received sigquit from a child process?\b")),
     ("scheduler_dead", re.compile(r"Rank (\d+) scheduler is dead")),
     # 0.5.10+: "Rank N scheduler died during initialization (exit code: X). If exit code is -9 (SIGKILL), ..."
     ("scheduler_died", re.compile(r"Rank (\d+) scheduler died during initialization \(exit code: (-?\d+)\)")),
@@ -104,7 +113,9 @@ _MILESTONES = [
                               r"|Address already in use|Port is already in use")),
     ("warmup_error", re.compile(r"Initialization failed\. warmup error")),
     ("init_failed", re.compile(r"Initialization failed\. Please see the error messages above")),
-    ("watchdog", re.compile(r"Scheduler watchdog timeout|watchdog timeout")),
+    # the scheduler's own watchdog ("Watchdog timeout (self.watchdog_timeout=300)", 0.5.11 "Scheduler watchdog timeout
+    # (..., self.soft=False)"), not a soft one, which only logs
+    ("watchdog", re.compile(r"\bwatchdog timeout \((?!.*soft=True)", re.I)),
     ("health_failed", re.compile(r"Health check failed")),
     ("driver_mismatch", re.compile(r"Driver/library version mismatch|API mismatch|CUDA driver version is insufficient")),
     ("nvidia_smi_missing", re.compile(r"nvidia-smi not found")),
@@ -136,6 +147,7 @@ _STAGE_OF_MILESTONE = {
     "kv_pool_init": "kv_pool",
     "graph_begin": "cuda_graph",
     "graph_end": "cuda_graph",
+    "graph_progress": "cuda_graph",
     "max_total_tokens": "scheduler_ready",
     "uvicorn_started": "http",
     "app_startup": "http",
@@ -146,7 +158,7 @@ _STAGE_OF_MILESTONE = {
 }
 # Milestones that only a process that has created a CUDA context can print.
 _GPU_MILESTONES = frozenset(["dist_begin", "dist_end", "weights_begin", "shards", "weights_end", "mamba_alloc", "kv_alloc", "kv_pool_init",
-                             "mem_pool_end", "graph_begin", "graph_end", "max_total_tokens"])
+                             "mem_pool_end", "graph_begin", "graph_end", "graph_progress", "max_total_tokens"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -782,7 +794,7 @@ _CONSEQUENCE_RE = re.compile(r"scheduler died during initialization|scheduler is
 _CONSEQUENCE_FRAME_RE = re.compile(r"_wait_for_scheduler_ready|wait_for_ready\b")
 # Lines that say this launch is over, even when nothing reports the process state.
 _FATAL_MARKERS = ("sigquit", "scheduler_exception", "scheduler_dead", "scheduler_died", "killed", "init_failed",
-                  "app_startup_failed", "warmup_error")
+                  "app_startup_failed", "warmup_error", "watchdog")
 
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 3: "SIGQUIT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
             11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
@@ -1140,7 +1152,7 @@ def _oom_failure(L):
     exc = _tb_exception(tb) or (e["msg"] if e else "CUDA out of memory")
     L.facts["exception"] = exc
     index = tb["start"] if tb else e["index"]
-    where = _stage_from_frames(tb) or _stage_at(L.parsed, index)
+    where = _tb_stage(L, tb) if tb else _crash_stage(L, index)
     L.facts["oom_stage"] = where
     extra = [e] if e else []
     mf = _sa(L.facts, "mem_fraction_static")
@@ -1158,7 +1170,7 @@ def _oom_failure(L):
     if where in ("weights", "distributed_init", "args"):
         return L.result("weights_oom", extra, tb, _remedy_weights(L.facts, exc, L.plan))
     when = "on its first requests" if where in ("warmup", "http", "scheduler_ready") else "after it became ready, on a request"
-    return L.result("warmup_failed", extra, tb, (
+    return L.result("crashed_after_ready" if where == "serving" else "warmup_failed", extra, tb, (
         "The server ran out of GPU memory %s: lower --mem-fraction-static (now %s) to leave more for activations, or lower "
         "--chunked-prefill-size / --max-running-requests." % (when, mf if mf is not None else "?")))
 
@@ -1195,15 +1207,127 @@ def _warmup_failure(L):
         "include 127.0.0.1." % L.facts["exception"]))
 
 
+# --------------------------------------------------------------------------------------------
+# Where the start stood when a process crashed; crashes without a Python traceback
+# --------------------------------------------------------------------------------------------
+
+def _serving_began(L, index):
+    """True when, before line ``index``, the server was ready, ran a batch that only a request makes, or (in a log that
+    does not show the HTTP server starting without getting ready: an excerpt) completed a client's request."""
+    if L.ready_line is not None and L.ready_line["index"] < index:
+        return True
+    if any(signals.serving_batch(e["msg"]) for e in (L.ms.get("prefill") or []) + (L.ms.get("decode") or []) if e["index"] < index):
+        return True
+    starting = L.ready_line is None and any(k in L.ms for k in ("uvicorn_running", "app_startup"))
+    return not starting and any(signals.CLIENT_REQUEST_RE.search(line) for line in L.parsed["lines"][:index] if not line.startswith("#"))
+
+
+def _crash_stage(L, index, loop=False, stage=None):
+    """Where the start stood at line ``index`` (``stage``, else the last milestone up to that line, its own included: a tqdm
+    bar and a signal share a line). "serving" once requests ran. A scheduler's event loop (``loop``: its frames, its
+    watchdog) or a faulted GPU kernel means batches ran: in a log with no start-up line (an excerpt) the server was
+    serving; after the scheduler's set-up but before ready, it was the warmup."""
+    if _serving_began(L, index):
+        return "serving"
+    stage = stage or _stage_at(L.parsed, index + 1)
+    fault = any(signals.GPU_FAULT_RE.search(line) for line in L.parsed["lines"] if not line.startswith("#"))
+    if stage == "args" and (loop or fault):
+        return "serving"
+    if loop and stage in ("scheduler_ready", "http"):
+        return "warmup"
+    return stage
+
+
+def _tb_stage(L, tb):
+    """Where a traceback was raised: serving or the warmup when a scheduler's event loop raised it (its frames below any
+    start-up frame), else the start-up stage its frames name, else the last milestone."""
+    loop = any(signals.LOOP_FRAME_RE.search(c) for c in (tb.get("calls") or tb["frames"]))
+    stage = _crash_stage(L, tb["start"], loop)
+    if stage == "serving" or (loop and stage == "warmup"):
+        return stage
+    return _stage_from_frames(tb) or stage
+
+
+_AFTER_READY = ("The start had completed and requests had run, so no start-up setting caused this: restart the unit (systemctl "
+                "restart sglang) to serve again, then find the cause in the crash's own lines (the scheduler's stack, a CUDA or "
+                "NCCL error) and in the host's kernel log (dmesg: Xid errors, the OOM killer). A crash that comes back under load "
+                "points at the SGLang version (the compatibility table), --disable-custom-all-reduce, or --disable-cuda-graph.")
+
+
+def _crashed_after_ready(L, extra, said, tb=None):
+    L.facts["failed_stage"] = "serving"
+    L.facts.setdefault("failure", "crashed_after_ready")
+    return L.result("crashed_after_ready", [L.ready_line] + list(extra), tb, "%s. %s" % (said, _AFTER_READY), gpu=True)
+
+
+def _signal_failure(L):
+    """A process of the server died of a fatal signal (faulthandler's dump, UCX's or the shell's report), without a
+    Python exception: named by where the start stood, the crashing thread's frames first."""
+    lines = L.parsed["lines"]
+    hit = signals.fatal_signal(lines)
+    if hit is None and not L.alive:
+        # faulthandler's frames whose first line is not in this excerpt: SGLang prints them only for a fatal signal
+        hit = next(((t[1][0][0], "a fatal signal") for t in signals.faulthandler_threads(lines) if t[1]), None)
+    if hit is None or L.death:
+        return None     # a scheduler reported dead: its exit code says the signal (_death_failure)
+    index, name = hit
+    threads = signals.faulthandler_threads(lines, index)
+    where = signals.stack_stage(threads, _FRAME_STAGES)
+    stage = _crash_stage(L, index, loop=where == "loop")
+    if where not in (None, "loop") and stage != "serving":
+        stage = where
+    frames = [{"index": i} for t in threads if t[0] is not False for i, _f in t[1][:4]]
+    L.facts.update({"signal": name, "exception": lines[index].strip()[-300:]})
+    said = "A process of the server died of %s %s, without a Python exception" % (name, _stage_words(stage))
+    if stage == "serving":
+        res = _crashed_after_ready(L, [{"index": index}] + frames, said)
+    else:
+        res = _failure_by_stage(L, stage, None, [{"index": index}] + frames)
+        res["remedy"] = "%s. %s" % (said, res["remedy"])
+    L.facts.update({"failure": "fatal_signal", "failed_stage": stage})
+    return res
+
+
+_HUB_WHAT = {"hub_gated_repo": "the repository is gated and this account has not been granted access",
+             "hub_unauthorized": "it rejected the token (none, an invalid one, or one without read access)",
+             "hub_repo_not_found": "it does not show the repository to this token (a wrong id, or a private or gated repository)"}
+
+
+def _hub_failure(L):
+    """The Hugging Face Hub refused the model (gated repository, token, repository not found), with or without a
+    traceback: before the weights (config, tokenizer) the start had not touched a GPU; from the loader on it was loading."""
+    hit = signals.hub_refusal(L.parsed["lines"])
+    if hit is None:
+        return None
+    index, kind = hit
+    later = [e for e in L.parsed["events"] if e["index"] > index and _STAGE_OF_MILESTONE.get(e["kind"])]
+    if (L.alive or later) and not L.marked_fatal():
+        return None     # a warning the start went on past, or a process still trying
+    stage = _crash_stage(L, index)
+    line = L.parsed["lines"][index].strip()
+    tb = _pick_traceback(L.parsed, lambda t: t["start"] <= index <= t["end"] + 8)
+    L.facts.update({"failure": kind, "failed_stage": stage, "exception": _tb_exception(tb) or line[:300]})
+    remedy = ("The Hugging Face Hub refused the model: %s (%s). This collection serves a local snapshot: download it with the "
+              "model stage (kpro.gpu_serving.hf_model; for a gated model its hf_token must belong to an account granted access "
+              "on the model's page), point --model-path at that snapshot and set HF_HUB_OFFLINE=1, so the server does not ask "
+              "the Hub at start." % (_HUB_WHAT[kind], line[:200]))
+    if stage in ("args", "distributed_init", "weights"):
+        return L.result("init_failed_before_gpu" if stage == "args" else "weights_load_failed", [{"index": index}], tb, remedy,
+                        gpu=True)
+    res = _failure_by_stage(L, stage, L.facts["exception"], [{"index": index}], tb)
+    res["remedy"] = remedy + " " + res["remedy"]
+    return res
+
+
 def _fatal_traceback(L):
     """The traceback that ended this launch, or None: one the startup went on past, a runtime error after
     ready, or one just printed by a process that is still alive and has not reported a failure."""
     tb = _root_traceback(L.parsed, L.death[2]["index"] if L.death else None)
     if tb is None:
         return None
-    if L.ready_line is not None and L.ready_line["index"] < tb["start"] and not L.exited:
-        return None
     marked = L.marked_fatal()
+    if L.ready_line is not None and L.ready_line["index"] < tb["start"] and (L.alive or not marked):
+        return None
     later = [e for e in L.parsed["events"] if e["index"] > tb["end"] and _STAGE_OF_MILESTONE.get(e["kind"])]
     if later and not marked:
         return None
@@ -1217,9 +1341,7 @@ def _traceback_failure(L):
     if tb is None:
         return None
     exc = _tb_exception(tb)
-    stage = _stage_from_frames(tb) or _stage_at(L.parsed, tb["start"])
-    if L.ready_line is not None and L.ready_line["index"] < tb["start"]:
-        stage = "serving"
+    stage = _tb_stage(L, tb)
     L.facts.update({"exception": exc, "failed_stage": stage})
     extra = (L.ms.get("scheduler_exception") or [])[:1] + (L.ms.get("sigquit") or [])[:1]
     if L.death:
@@ -1227,13 +1349,18 @@ def _traceback_failure(L):
     return _failure_by_stage(L, stage, exc, extra, tb)
 
 
+_NO_EXCEPTION = "its exception line is not in this log"
+
+
 def _failure_by_stage(L, stage, exc, extra, tb=None):
     """A failure without a memory, NCCL, graph, port or warmup signature, named by where the startup stopped."""
-    shown = exc or "its exception line is not in this log"
+    shown = exc or _NO_EXCEPTION
+    if stage == "serving":
+        return _crashed_after_ready(L, extra, "The server had been serving when it failed: %s" % shown, tb)
     if stage == "cuda_graph":
         L.facts["failure"] = "graph_capture_failed"
         return L.result("cuda_graph_failed", extra, tb, _remedy_graph(L.facts) + " The error during capture: %s." % shown)
-    if stage in ("http", "warmup", "serving"):
+    if stage in ("http", "warmup"):
         L.facts["failure"] = "failed_after_http_start"
         return L.result("warmup_failed", extra, tb, "The server failed after its HTTP server started: %s." % shown)
     if stage == "distributed_init":
@@ -1250,7 +1377,15 @@ def _failure_by_stage(L, stage, exc, extra, tb=None):
     if not L.facts["gpu_touched_per_log"] and stage == "args":
         remedy = ("The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.' in "
                   "this launch's log). " + remedy)
-    return L.result("init_failed_before_gpu", extra, tb, remedy, gpu=True)
+    return L.result(_STAGE_PHASES.get(stage, "init_failed_before_gpu"), extra, tb, remedy, gpu=True)
+
+
+# Where a start that failed without a memory, NCCL, graph, port or warmup signature stopped, by the last line 0.5.11 wrote
+# before it: model_runner.py:1290 "Load weight begin." .. :1468 "Load weight end."; then init_memory_pool (memory_pool.py:735
+# "KV Cache is allocated.", model_runner_kv_cache_mixin.py:769 "Memory pool end.") and the attention backend; the
+# scheduler's own set-up follows the model runner (scheduler.py:432-470, its "max_total_num_tokens=" line at :764). Before
+# "Init torch distributed begin." (model_runner.py:1103, logged before set_device at :1106) no GPU was touched.
+_STAGE_PHASES = {"weights": "weights_load_failed", "kv_pool": "kv_pool_init_failed", "scheduler_ready": "scheduler_init_failed"}
 
 
 def _remedy_init(L, kind, stage, shown):
@@ -1270,6 +1405,10 @@ def _remedy_init(L, kind, stage, shown):
     if kind == "invalid_configuration" and stage in ("args", None):
         return ("SGLang refused its configuration before loading the weights (%s): change the option the message names in the "
                 "server options." % shown)
+    if stage == "weights" and shown == _NO_EXCEPTION:
+        return ("Loading the weights failed, and this log does not show why (%s): look for the exception above the excerpt "
+                "(CUDA out of memory there would be weights_oom); else check that the checkpoint is complete and is the revision "
+                "the options expect (sizes verified by hf_model), and that --quantization / --dtype match it." % shown)
     if stage == "weights":
         return ("Loading the weights failed, and not for lack of memory (%s): check that the checkpoint is complete and is the "
                 "revision the options expect (sizes verified by hf_model), and that --quantization / --dtype match it."
@@ -1296,11 +1435,7 @@ def _death_failure(L):
         rank, code if code is not None else "not in the log", ", %s" % signal if signal else "")
     if code == -9:
         L.facts["failure"] = "scheduler_killed"
-        phase = "weights_oom" if stage in ("args", "distributed_init", "weights") else _failure_by_stage(L, stage, None, [e])["phase"]
-        return L.result(phase, [e], tb, (
-            "%s, %s. A SIGKILL there is most often the host's OOM killer (host RAM, not GPU memory: loading reads "
-            "the checkpoint through RAM): check `dmesg -T | grep -i oom` (or journalctl -k) on the Proxmox host, then give the "
-            "container more memory or load with fewer threads." % (said, _stage_words(stage))))
+        return _host_oom_killed(L, stage, [e], tb, "%s, %s" % (said, _stage_words(stage)))
     res = _failure_by_stage(L, stage, None, [e], tb)
     res["remedy"] = "%s. Its own error is not in this log: look at the rank's lines above it. %s" % (said, res["remedy"])
     L.facts["failure"] = "scheduler_exited"
@@ -1313,39 +1448,69 @@ def _stage_words(stage):
     return "during " + stage.replace("_", " ")
 
 
+def _host_oom_killed(L, stage, extra, tb, said):
+    """A process of the server SIGKILLed with no error of its own: what the kernel's OOM killer does when the host's RAM or
+    the container's memory limit runs out (0.5.11 engine.py:1220-1223 says so for exit code -9)."""
+    # 0.1.0's name for the same launch, kept for one release (failure.FORMER_PHASES)
+    L.facts["former_phase"] = "weights_oom" if stage in ("args", "distributed_init", "weights") else {
+        "cuda_graph": "cuda_graph_failed", "http": "warmup_failed", "warmup": "warmup_failed", "serving": "warmup_failed"}.get(
+            stage, "init_failed_before_gpu")
+    return L.result("host_oom_killed", extra, tb, (
+        "%s. A SIGKILL without an error of its own is the kernel's OOM killer: host RAM or the container's memory limit ran "
+        "out, not GPU memory (loading reads the checkpoint through RAM, each rank its share). Check `dmesg -T | grep -i oom` "
+        "(or journalctl -k) on the Proxmox host, then give the container more memory (pct set <vmid> --memory N on the host), "
+        "stop what else uses the host's RAM, or load with fewer threads (--model-loader-extra-config "
+        "'{\"enable_multithread_load\": false}')." % said), gpu=True)
+
+
+# What ends a launch without an error line of its own; the first four are SGLang's own report of a child's failure, after
+# which it SIGKILLs its own tree (exit 137, the shell's "Killed": sglang-0.5.11 entrypoints/engine.py:1180-1190).
+_OWN_REPORT = ("sigquit", "init_failed", "scheduler_exception", "watchdog")
+_ENDED = _OWN_REPORT + ("killed",)
+
+
+def _exit_words(status):
+    """ "exit status 139 (SIGSEGV)": a shell's 128+N or a negative code names the signal."""
+    code = status if status is None or status < 0 else (status - 128 if 128 < status < 160 else None)
+    signal = _SIGNALS.get(-code) if code is not None and code < 0 else _SIGNALS.get(code) if code else None
+    return "exit status %s%s" % (status, " (%s)" % signal if signal else "")
+
+
 def _exit_failure(L):
-    """The launch ended (process state, or a Killed / sigquit line) without an error line of its own."""
+    """The launch ended (process state, or a Killed / sigquit / watchdog line) without an error line of its own."""
     ms = L.ms
-    ended = L.exited or any(k in ms for k in ("killed", "sigquit", "init_failed", "scheduler_exception"))
-    if not ended or (L.ready_line and not L.exited):
-        return None
-    stage = L.facts["stage"]
+    marks = sorted((e for k in _ENDED for e in ms.get(k) or []), key=lambda e: e["index"])
+    ready = L.ready_line["index"] if L.ready_line else None
+    if not (L.exited or marks) or (ready is not None and (L.alive or not L.exited and not [e for e in marks if e["index"] > ready])):
+        return None     # a server that was ready and lives on (its runtime errors are not the launch's)
+    stage = _crash_stage(L, marks[0]["index"] if marks else len(L.parsed["lines"]), loop="watchdog" in ms, stage=L.facts["stage"])
     L.facts["failed_stage"] = stage
-    extra = (ms.get("killed") or [])[:1] + (ms.get("sigquit") or [])[:1] + (ms.get("init_failed") or [])[:1]
-    if L.ready_line:
-        return L.result("warmup_failed", [L.ready_line] + extra, remedy=(
-            "The server was ready and then exited (exit status %s) without an exception in the log: check the unit's journal "
-            "and dmesg (OOM killer)." % L.exit_status))
+    extra = [(ms.get(k) or [None])[0] for k in ("watchdog", "killed", "sigquit", "init_failed")]
+    if stage == "serving":
+        return _crashed_after_ready(L, extra, "The server had been serving and then exited (%s) without an exception in the "
+                                    "log" % _exit_words(L.exit_status))
     if not L.facts["gpu_touched_per_log"]:
         L.facts["failure"] = "init_failed"
         return L.result("init_failed_before_gpu", extra, gpu=True, remedy=(
             "The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.' in this "
             "launch's log) and without an exception in the log; see the unit's journal. Exit status: %s." % L.exit_status))
-    killed = L.exit_status in (137, -9) or "killed" in ms
-    hint = (" It was SIGKILLed (exit %s): SGLang kills its own tree when a child fails, and the host's OOM killer does the same "
-            "when RAM runs out (check dmesg -T | grep -i oom / journalctl -k)." % (L.exit_status or "Killed")) if killed else \
-        " Exit status %s." % L.exit_status
-    if stage == "weights":
-        return L.result("weights_oom", extra, remedy="The server died while loading the weights without a Python error." + hint
-                        + " Loading with too little host RAM or GPU memory: check memory.")
+    # a SIGKILL without SGLang's own report of a failed child came from outside
+    if not any(k in ms for k in _OWN_REPORT) and ("killed" in ms or L.exit_status in (137, -9)):
+        L.facts["failure"] = "killed"
+        how = "exit status %s" % L.exit_status if L.exit_status is not None else "the log's 'Killed' line"
+        return _host_oom_killed(L, stage, extra, None, "The server was SIGKILLed (%s) %s, without an error in the log"
+                                % (how, _stage_words(stage)))
     res = _failure_by_stage(L, stage, None, extra)
-    res["remedy"] = "The server exited during %s without an exception in the log.%s %s" % (stage.replace("_", " "), hint, res["remedy"])
+    if stage == "weights":
+        res["facts"]["former_phase"] = "weights_oom"
+    said = "The server exited %s without an exception in the log (%s)" % (_stage_words(stage), _exit_words(L.exit_status))
+    res["remedy"] = "%s. %s" % (said, res["remedy"])
     return res
 
 
 _FAILURE_CHECKS = (_driver_failure, _argparse_failure, _peer_failure, _nccl_failure, _known_bad_failure, _toolchain_failure,
-                   _graph_failure, _kv_failure, _oom_failure, _port_failure, _warmup_failure, _traceback_failure, _death_failure,
-                   _exit_failure)
+                   _graph_failure, _kv_failure, _oom_failure, _port_failure, _warmup_failure, _hub_failure, _signal_failure,
+                   _traceback_failure, _death_failure, _exit_failure)
 
 
 def _pre_launch(compat, driver, foreign_processes):
@@ -1513,4 +1678,48 @@ def _gpu_evidence(gpu_used_mib, gpu_baseline_mib, exit_status):
 def _result(phase, evidence, remedy, facts):
     if phase not in PHASES:
         raise ValueError("unknown phase %r" % phase)
+    if phase in FORMER_PHASES:
+        facts.setdefault("former_phase", FORMER_PHASES[phase])
     return {"phase": phase, "evidence": [e for e in evidence if e], "remedy": remedy, "facts": facts}
+
+
+# --------------------------------------------------------------------------------------------
+# One log file (sglang_diagnose)
+# --------------------------------------------------------------------------------------------
+
+def mib_list(value):
+    """A list of per-GPU MiB from a list, a number, or a string "[0,0]" / "0, 0" / "0 0"."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    if isinstance(value, str):
+        value = [v for v in value.strip().strip("[]").replace(",", " ").split() if v]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError("not a list: %r" % (value,))
+    return [float(v) for v in value]
+
+
+def diagnose_file(log_path, launch_id=None, gpu_used_mib=None, gpu_baseline_mib=None, **kw):
+    """sglang_diagnose's result: :func:`diagnose` of one launch of the log file ``log_path`` (missing: not_started), with
+    ``log_found`` and, for a renamed failure, ``former_phase``. A GPU list that is not one, or a log that cannot be read,
+    is a ``bad_input`` Failure (the module fails with it in main)."""
+    gpus = {}
+    for key, value in (("gpu_used_mib", gpu_used_mib), ("gpu_baseline_mib", gpu_baseline_mib)):
+        try:
+            gpus[key] = mib_list(value)
+        except ValueError as e:
+            raise Failure("bad_input", "%s: %s" % (key, e), remedy="Give a list of MiB per GPU, for example [0, 0].")
+    text = None
+    if os.path.exists(log_path):
+        try:
+            with open(log_path, "rb") as f:
+                text = f.read().decode("utf-8", errors="replace")
+        except (IOError, OSError) as e:
+            raise Failure("bad_input", "log_path: cannot read the server log %s: %s" % (log_path, e))
+    part = select_launch(text, launch_id) if text is not None else None
+    res = diagnose(text, launch_id=launch_id, **dict(kw, **gpus))
+    res["log_found"] = bool(part and part.strip())
+    if "former_phase" in res["facts"]:
+        res["former_phase"] = res["facts"]["former_phase"]
+    return res

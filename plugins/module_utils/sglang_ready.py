@@ -225,7 +225,7 @@ class Gate(object):
         ctoks = (resp.get("usage") or {}).get("completion_tokens")
         out.update(text=text, completion_tokens=ctoks, finish_reason=choices[0].get("finish_reason") if isinstance(choices[0], dict) else None)
         out["tokens_per_s"] = round(ctoks / elapsed, 1) if ctoks and elapsed > 0 else None
-        res = detect_degenerate(text)
+        res = detect_degenerate(text, prompt=self.p["probe_prompt"])
         out["degenerate"], out["reason"] = res["degenerate"], res["reason"]
         rx = self.p["expected_probe_regex"]
         # readable text that misses the regex is a wrong answer (the known-answer check reports it), not garbage
@@ -386,6 +386,8 @@ class Gate(object):
                    endpoint={"base_url": self.base, "served_model_name": self.p["served_model_name"]}, launch_id=self.p["launch_id"],
                    log_path=self.log_path, probe=self.last_probe, known_answer=self.last_known_answer, kv_tokens=facts.get("kv_tokens"),
                    nrestarts=self.nrestarts)
+        if facts.get("former_phase"):   # 0.1.0's name of a renamed failure, for one release (failure.FORMER_PHASES)
+            out["former_phase"] = facts["former_phase"]
         if res["phase"] == "ready":
             out["time_to_ready_s"] = facts.get("time_to_ready_s", out["waited_s"])
             out["compile_cache"] = toolchain.cache_report(self.p["compile_cache_dir"], self.p["compile_cache_files"])

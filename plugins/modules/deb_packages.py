@@ -122,14 +122,14 @@ def main():
     apt_get = module.get_bin_path("apt-get", required=True)
     try:
         result["would_install"] = plan(module, apt_get, missing)
+        result["changed"] = True
+        result["diff"] = {"before": "", "after": "".join("%(name)s %(version)s\n" % p for p in result["would_install"])}
+        if not module.check_mode:
+            rc, _out, err = module.run_command(debpkg.install_argv(apt_get, missing), environ_update=debpkg.APT_ENV)
+            if rc != 0:
+                raise debpkg.apt_failed("install", missing, rc, err)
     except Failure as e:
         fail(module, e, **result)
-    result["changed"] = True
-    result["diff"] = {"before": "", "after": "".join("%(name)s %(version)s\n" % p for p in result["would_install"])}
-    if not module.check_mode:
-        rc, _out, err = module.run_command(debpkg.install_argv(apt_get, missing), environ_update=debpkg.APT_ENV)
-        if rc != 0:
-            fail(module, debpkg.apt_failed("install", missing, rc, err), **result)
     module.exit_json(**result)
 
 

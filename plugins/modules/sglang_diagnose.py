@@ -14,9 +14,14 @@ description:
   - Reads the SGLang server log of one launch and names the phase the launch is in or failed in, with the
     evidence (the log lines of this launch, per-GPU MiB, exit status) and the remedy (the flag to change).
   - "The phase is one of the collection's diagnosis vocabulary: V(ready), V(loading), V(not_started),
-    V(init_failed_before_gpu), V(weights_oom), V(kv_cache_oom), V(nccl_error), V(runtime_toolchain_missing), V(cuda_graph_failed),
-    V(port_in_use), V(warmup_failed), V(degenerate_output), V(gpu_memory_held), V(version_mismatch),
-    V(known_bad_version), V(timeout)."
+    V(init_failed_before_gpu), V(host_oom_killed), V(weights_oom), V(weights_load_failed), V(kv_cache_oom),
+    V(kv_pool_init_failed), V(scheduler_init_failed), V(nccl_error), V(peer_missing), V(runtime_toolchain_missing),
+    V(cuda_graph_failed), V(port_in_use), V(warmup_failed), V(crashed_after_ready), V(degenerate_output), V(gpu_memory_held),
+    V(version_mismatch), V(known_bad_version), V(timeout)."
+  - "A failure is named by where the start stopped and what the evidence shows: a SIGKILL without an error of its own is
+    V(host_oom_killed) (host RAM, not GPU memory); a non-OOM error while loading the weights, building the KV pool or
+    setting up the scheduler is V(weights_load_failed), V(kv_pool_init_failed) or V(scheduler_init_failed). 0.1.0 named
+    these V(weights_oom) and V(init_failed_before_gpu); for one release RV(former_phase) carries that name."
   - "With O(launch_id), only the part of the log under the header line C(# kpro-launch-id: <launch_id>) is
     read, so an older launch's error can never be taken for this one's; a log without that header counts
     as no log (V(not_started))."
@@ -127,11 +132,17 @@ facts:
     - "On a failure also C(failed_stage) (where the startup stopped) and, where the phase alone does not say it,
       C(failure): V(argparse), V(import_error), V(unsupported_architecture), V(invalid_configuration), V(model_files),
       V(weights_load_failed), V(kv_pool_failed), V(scheduler_init_failed), V(graph_capture_failed),
-      V(distributed_init_failed), V(scheduler_killed), V(scheduler_exited); for a dead scheduler
+      V(distributed_init_failed), V(scheduler_killed), V(killed), V(scheduler_exited); for a dead scheduler
       C(scheduler_rank) and C(scheduler_exit_code)."
   returned: always
   type: dict
   sample: {"kv_tokens": 398784, "weights_gib": 26.5, "stage": "serving", "time_to_ready_s": 114.0}
+former_phase:
+  description: The name 0.1.0 gave this failure, kept for one release where the phase was renamed (docs/troubleshooting.md,
+    Renamed phases).
+  returned: when the phase was renamed
+  type: str
+  sample: init_failed_before_gpu
 log_found:
   description: Whether the log file exists and has a part for this launch.
   returned: always
@@ -139,24 +150,10 @@ log_found:
   sample: true
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import diagnose, select_launch
-
-
-def mib_list(value):
-    """A list of per-GPU MiB from a list, a number, or a string "[0,0]" / "0, 0" / "0 0"."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return [float(value)]
-    if isinstance(value, str):
-        value = [v for v in value.strip().strip("[]").replace(",", " ").split() if v]
-    if not isinstance(value, (list, tuple)):
-        raise ValueError("not a list: %r" % (value,))
-    return [float(v) for v in value]
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import diagnose_file
 
 
 def main():
@@ -172,31 +169,12 @@ def main():
         ),
         supports_check_mode=True,
     )
-    p = module.params
-    for key in ("gpu_used_mib", "gpu_baseline_mib"):
-        try:
-            p[key] = mib_list(p[key])
-        except ValueError as e:
-            module.fail_json(msg="%s: %s; give a list of MiB per GPU, for example [0, 0]" % (key, e))
-    text = None
-    if os.path.exists(p["log_path"]):
-        try:
-            with open(p["log_path"], "rb") as f:
-                text = f.read().decode("utf-8", errors="replace")
-        except (IOError, OSError) as e:
-            module.fail_json(msg="Cannot read the server log %s: %s" % (p["log_path"], e))
-    part = select_launch(text, p["launch_id"]) if text is not None else None
-    result = diagnose(
-        text,
-        gpu_used_mib=p["gpu_used_mib"],
-        gpu_baseline_mib=p["gpu_baseline_mib"],
-        exit_status=p["exit_status"],
-        process_alive=p["process_alive"],
-        planned_weights_mib=p["planned_weights_mib"],
-        launch_id=p["launch_id"],
-    )
-    module.exit_json(changed=False, log_found=bool(part and part.strip()), phase=result["phase"], evidence=result["evidence"],
-                     remedy=result["remedy"], facts=result["facts"])
+    try:
+        result = diagnose_file(**module.params)
+    except Failure as e:
+        fail(module, e)
+    else:
+        module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

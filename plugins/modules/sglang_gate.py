@@ -32,9 +32,11 @@ description:
     answer fails with V(wrong_answer) (garbage with V(degenerate_output)): the prompt, the expected and the received
     text, and the suspects in order - speculative decoding when on (with how to turn it off), the SGLang version against
     the compatibility table (O(sglang_version), the architecture from O(model_dir)), tp > 1."
-  - "On failure the task fails with RV(phase) (V(not_started), V(init_failed_before_gpu), V(weights_oom),
-    V(kv_cache_oom), V(nccl_error), V(runtime_toolchain_missing), V(cuda_graph_failed), V(port_in_use), V(warmup_failed), V(degenerate_output),
-    V(wrong_answer), V(version_mismatch), V(timeout)), RV(evidence) (this launch's log lines, per-GPU MiB, exit status) and RV(remedy)."
+  - "On failure the task fails with RV(phase) (V(not_started), V(init_failed_before_gpu), V(host_oom_killed), V(weights_oom),
+    V(weights_load_failed), V(kv_cache_oom), V(kv_pool_init_failed), V(scheduler_init_failed), V(nccl_error), V(peer_missing),
+    V(runtime_toolchain_missing), V(cuda_graph_failed), V(port_in_use), V(warmup_failed), V(crashed_after_ready), V(degenerate_output),
+    V(wrong_answer), V(version_mismatch), V(known_bad_version), V(timeout)), RV(evidence) (this launch's log lines, per-GPU MiB,
+    exit status) and RV(remedy); RV(known_failure) holds the same as data, which M(kpro.gpu_serving.sglang_deployment) reads."
   - On success it returns the time to ready, per-GPU MiB, the KV cache tokens from the log and the probe's tokens/s.
   - Only observes; never changes anything (C(changed) is always false).
 author:
@@ -264,6 +266,16 @@ remedy:
   description: What to change (empty when ready).
   returned: always
   type: str
+known_failure:
+  description: The failure as data (C(phase), C(msg) without the phase and the remedy, C(evidence), C(remedy)).
+  returned: failure
+  type: dict
+former_phase:
+  description: The name 0.1.0 gave this failure, kept for one release where the phase was renamed (docs/troubleshooting.md,
+    Renamed phases).
+  returned: when the phase was renamed
+  type: str
+  sample: weights_oom
 time_to_ready_s:
   description: Seconds from the launch's first log line to ready (from the log), else the gate's own wait.
   returned: success

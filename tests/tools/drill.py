@@ -40,6 +40,10 @@ DRILLS = {
     "kv_cache_oom": ("kv_cache_oom", {}),
     "weights_oom": ("weights_oom", {}),
     "init_failed_before_gpu": ("init_failed_before_gpu", {}),
+    # a rank SIGKILLed halfway through the shards (the OOM killer's way): host RAM, not weights_oom as 0.1.0 said
+    "host_oom_killed": ("host_oom_killed", {}),
+    # no weights files after the parameters took the GPUs' memory: not init_failed_before_gpu as 0.1.0 said
+    "weights_load_failed": ("weights_load_failed", {}),
     "nccl_error": ("nccl_error", {}),
     "cuda_graph_failed": ("cuda_graph_failed", {}),
     "port_in_use": ("port_in_use", {}),
@@ -82,6 +86,7 @@ NEEDLES = {
     # (weights_oom has none of its own: its CUDA OOM message is also cuda_graph_failed's)
     "kv_cache_oom": "Not enough memory",
     "init_failed_before_gpu": "HFValidationError", "nccl_error": "NCCL error", "cuda_graph_failed": "Capture cuda graph failed",
+    "host_oom_killed": "(exit code: -9)", "weights_load_failed": "Cannot find any model weights",
     "port_in_use": "address already in use", "warmup_failed": "warmup error",
 }
 # outside the serve stage: the host's boot and guest configs, the container's venv and model

@@ -78,7 +78,8 @@ def test_drill_reads_the_last_diagnosis_of_the_container():
     assert drill.gate_result(out) == gate
     assert drill.gate_result("ok: [ct129] => {\"changed\": false}") is None
     # every catalogue drill maps to a phase of the design's vocabulary
-    vocabulary = {"ready", "kv_cache_oom", "weights_oom", "init_failed_before_gpu", "nccl_error", "cuda_graph_failed",
+    vocabulary = {"ready", "kv_cache_oom", "weights_oom", "init_failed_before_gpu", "host_oom_killed", "weights_load_failed",
+                  "nccl_error", "cuda_graph_failed",
                   "port_in_use", "warmup_failed", "degenerate_output", "wrong_answer", "gpu_memory_held", "timeout"}
     assert {phase for phase, _extra in drill.DRILLS.values()} <= vocabulary
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 
 OLD, NEW = "a" * 64, "b" * 64
 OPTS = {"model_path": "/srv/models/m", "tp_size": 2, "context_length": 65536, "port": 30000}
@@ -93,8 +94,8 @@ def test_the_same_failing_deployment_fails_fast_unless_retried():
 
 
 def test_rolled_back_names_the_new_diagnosis_and_what_serves_again():
-    diag = {"phase": "degenerate_output", "msg": "degenerate_output: launch 1 did not become ready Remedy: turn MTP off",
-            "remedy": "turn MTP off", "evidence": ["!!!!"]}
+    # the gate's failed result, as failure.fail returns it
+    diag = dict(Failure("degenerate_output", "launch 1 did not become ready", remedy="turn MTP off", evidence=["!!!!"]).result(), failed=True)
     ok = dp.rolled_back(diag, dep(), {"phase": "ready", "failed": False}, failed_at=100.0, now=112.34)
     assert ok.phase == "degenerate_output" and ok.remedy == "turn MTP off"
     assert ok.msg == ("launch 1 did not become ready; rolled back to SGLang 0.5.11 (lock aaaaaaaaaaaa, venv /opt/sglang/venv), "
@@ -114,12 +115,17 @@ def test_the_record_file_round_trips_0600(tmp_path):
 
 
 def test_not_rolled_back_keeps_the_gates_failure_and_says_why():
-    diag = {"phase": "timeout", "msg": "timeout: launch 1 did not become ready Remedy: wait", "remedy": "wait", "evidence": ["x"]}
-    diag.update(launch_id="1", known_answer={"failed": ["count"]}, invocation={"module_args": {}}, ansible_job_id="j", _ansible_no_log=False)
+    # a message that holds the words the text form joins with: read as data, never split at them
+    gate = Failure("timeout", "launch 1 did not become ready Remedy: none, timeout: 900 s", remedy="wait", evidence=["x"],
+                   launch_id="1", known_answer={"failed": ["count"]})
+    diag = dict(gate.result(), invocation={"module_args": {}}, ansible_job_id="j", _ansible_no_log=False)
     same = dp.not_rolled_back(diag, None)
     assert same.details == {"launch_id": "1", "known_answer": {"failed": ["count"]}, "rolled_back": False}
-    assert (same.phase, same.msg, same.remedy, same.evidence) == ("timeout", "launch 1 did not become ready", "wait", ["x"])
-    assert dp.not_rolled_back(diag, "no deployment").msg == "launch 1 did not become ready; not rolled back: no deployment"
+    assert (same.phase, same.msg, same.remedy, same.evidence) == ("timeout", gate.msg, "wait", ["x"])
+    assert same.message() == gate.message()
+    assert dp.not_rolled_back(diag, "no deployment").msg == gate.msg + "; not rolled back: no deployment"
+    # the restored failure carries its own structure again, not the gate's
+    assert same.result()["known_failure"] == gate.data()
 
 
 def test_a_multi_node_deployment_is_never_rolled_back(tmp_path):

@@ -22,6 +22,10 @@ PHASE_TESTS = {
     "not_started": U + "test_sglang_log.py::test_not_started_and_just_started",
     "init_failed_before_gpu": U + "test_sglang_log.py::test_init_failed_before_gpu_gives_this_launchs_exception",
     "weights_oom": U + "test_sglang_log.py::test_weights_oom_names_other_processes",
+    "host_oom_killed": U + "test_sglang_log.py::test_scheduler_killed_names_the_host_oom_killer",
+    "weights_load_failed": U + "test_sglang_log.py::test_a_traceback_in_model_loading_is_weights_oom_only_with_oom_evidence",
+    "kv_pool_init_failed": U + "test_sglang_log.py::test_an_assertion_while_building_the_kv_pool_is_not_an_oom",
+    "scheduler_init_failed": U + "test_sglang_log.py::test_a_failure_is_named_by_where_the_start_stopped",
     "kv_cache_oom": U + "test_sglang_log.py::test_seed_kv_cache_oom_remedy_has_numbers_and_flags",
     "nccl_error": U + "test_sglang_log.py::test_nccl_remedy_and_p2p",
     "gpu_p2p_hang": U + "test_gpu_p2p.py::test_a_check_cut_off_by_its_timeout_is_gpu_p2p_hang_with_how_far_it_got",
@@ -31,6 +35,7 @@ PHASE_TESTS = {
     "runtime_toolchain_missing": U + "test_sglang_log_toolchain.py::test_capture_wrapper_is_not_cuda_graph_failed",
     "port_in_use": U + "test_sglang_log.py::test_port_in_use_after_full_load_in_sglang_format",
     "warmup_failed": U + "test_sglang_log.py::test_fixture_gets_its_expected_phase",
+    "crashed_after_ready": U + "test_sglang_log_crashes.py::test_a_crash_after_serving_began",
     "degenerate_output": U + "test_sglang_log.py::test_degenerate_smoke_output_names_speculative_decoding",
     "wrong_answer": U + "test_known_answer.py::test_failure_names_phase_prompt_expected_received_and_suspects",
     "gpu_memory_held": U + "test_sglang_log.py::test_pre_launch_phases",
@@ -64,6 +69,7 @@ PHASE_TESTS = {
     "model_input": M + "test_hf_model.py::test_token_file_consumed_and_bad_local_dir_refused",
     "model_token": U + "test_hf.py::test_token_file_read_and_removed",
     "model_locked": U + "test_hf.py::test_dir_lock_one_holder_named_and_released",
+    "run_locked": U + "test_run_lock.py::test_a_second_run_waits_then_fails_naming_the_holder",
     "model_unavailable": M + "test_hf_model.py::test_phases_of_a_download",
     "model_no_space": M + "test_hf_model.py::test_phases_of_a_download",
     "model_keep_failed": U + "test_model_revisions.py::test_a_refused_hard_link_is_a_named_failure_and_leaves_no_partial_kept_dir",
@@ -136,7 +142,54 @@ def test_fail_gives_phase_msg_evidence_remedy_and_details():
             seen.update(kw)
     failure.fail(Module(), failure.Failure("gpu_in_use", "held", remedy="stop it", evidence=["VM 1"], refusals=["VM 1"]), changed=False)
     assert seen == {"changed": False, "phase": "gpu_in_use", "msg": "gpu_in_use: held Remedy: stop it", "evidence": ["VM 1"],
-                    "remedy": "stop it", "refusals": ["VM 1"]}
+                    "remedy": "stop it", "refusals": ["VM 1"],
+                    "known_failure": {"phase": "gpu_in_use", "msg": "held", "evidence": ["VM 1"], "remedy": "stop it"}}
+
+
+def test_a_failure_read_back_from_a_result_is_its_data_not_its_text():
+    f = failure.Failure("weights_load_failed", "launch x: failed. Remedy: not this", remedy="check the checkpoint", evidence=["KeyError: w"])
+    back = failure.Failure.from_result(f.result(), rolled_back=False)
+    # the msg is the one it was raised with, even when it holds the words the text form joins with
+    assert back.data() == f.data() and back.details == {"rolled_back": False}
+    assert back.message() == f.message()
+    # a task that failed without one: its phase and msg as they are, never parsed
+    other = failure.Failure.from_result({"msg": "weights_oom: x Remedy: y", "phase": "weights_oom"})
+    assert (other.phase, other.msg, other.remedy, other.evidence) == ("weights_oom", "weights_oom: x Remedy: y", "", [])
+
+
+def test_renamed_phases_keep_their_former_name_for_one_release():
+    doc = _read(os.path.join(REPO, "docs", "troubleshooting.md"))
+    renamed = doc.split("## Renamed phases", 1)[1].split("\n## ", 1)[0]
+    for new, old in failure.FORMER_PHASES.items():
+        # both names stay in the vocabulary; the guide's table names the pair
+        assert new in failure.PHASES and old in failure.PHASES
+        assert re.search(r"`%s`.*`%s`" % (old, new), renamed), (old, new)
+
+
+def _calls(path, names):
+    """(function, callee) of every call to ``names`` (module.exit_json, fail(...), sys.exit) in a file; strings (a script
+    run in a child process) are not calls."""
+    import ast
+    found = []
+    for fn in [n for n in ast.walk(ast.parse(_read(path))) if isinstance(n, ast.FunctionDef)]:
+        for call in [n for n in ast.walk(fn) if isinstance(n, ast.Call)]:
+            callee = getattr(call.func, "attr", None) or getattr(call.func, "id", None)
+            if callee in names and not (callee == "exit" and getattr(call.func.value, "id", None) != "sys"):
+                found.append((fn.name, callee))
+    return found
+
+
+def test_only_a_modules_main_ends_the_module_and_fails_once():
+    utils = os.path.join(REPO, "plugins", "module_utils")
+    ending = dict((name, _calls(os.path.join(utils, name), ("exit_json", "fail_json", "exit")))
+                  for name in sorted(os.listdir(utils)) if name.endswith(".py"))
+    # failure.fail is how a main fails (it calls fail_json); nothing else in module_utils ends the module
+    assert dict((k, v) for k, v in ending.items() if v) == {"failure.py": [("fail", "fail_json")]}
+    modules = os.path.join(REPO, "plugins", "modules")
+    for name in sorted(os.listdir(modules)):
+        if name.endswith(".py"):
+            fails = _calls(os.path.join(modules, name), ("fail_json", "fail", "failure_fail"))
+            assert [f for f, _c in fails] in ([], ["main"]), (name, fails)
 
 
 def test_error_types_of_module_utils_are_failures_with_a_phase():

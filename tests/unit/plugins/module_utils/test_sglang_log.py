@@ -48,7 +48,8 @@ def test_there_are_enough_real_logs_for_each_phase_found():
     assert len(REAL) >= 30
     phases = set(expected_of(f) for f in REAL)
     assert {"not_started", "init_failed_before_gpu", "weights_oom", "kv_cache_oom", "nccl_error", "cuda_graph_failed",
-            "port_in_use", "warmup_failed", "loading", "ready", "timeout"} <= phases
+            "port_in_use", "warmup_failed", "loading", "ready", "timeout", "host_oom_killed", "weights_load_failed",
+            "kv_pool_init_failed", "scheduler_init_failed"} <= phases
 
 
 @pytest.mark.parametrize("name", REAL)
@@ -148,8 +149,8 @@ def test_parse_ready_log_milestones_in_order():
     for e in parsed["events"]:
         if e["kind"] not in order:
             order.append(e["kind"])
-    assert order[:12] == ["server_args", "dist_begin", "dist_end", "weights_begin", "shards", "weights_end", "mamba_alloc",
-                          "kv_alloc", "mem_pool_end", "graph_begin", "graph_end", "max_total_tokens"]
+    assert order[:13] == ["server_args", "dist_begin", "dist_end", "weights_begin", "shards", "weights_end", "mamba_alloc",
+                          "kv_alloc", "mem_pool_end", "graph_begin", "graph_progress", "graph_end", "max_total_tokens"]
     assert order[-5:] == ["app_startup", "uvicorn_running", "prefill", "ready"] or "ready" == order[-1]
     assert not parsed["tracebacks"]
     draft = [e for e in parsed["milestones"]["graph_begin"] if e["data"]["draft"]]
@@ -273,7 +274,12 @@ def test_degenerate_smoke_output_names_speculative_decoding():
 
 def test_exit_after_ready():
     res = sl.diagnose(read("synthetic_ready_tp2_nextn.log"), exit_status=137)
-    assert res["phase"] == "warmup_failed" and "137" in res["remedy"]
+    assert res["phase"] == "crashed_after_ready" and "exit status 137 (SIGKILL)" in res["remedy"]
+    assert res["facts"]["former_phase"] == "warmup_failed" and res["facts"]["failed_stage"] == "serving"
+    # a runtime error after ready, then SGLang's own tree kill: the log alone says the server is gone
+    after = read("synthetic_ready_tp2_nextn.log") + _scheduler_tb(["managers/scheduler.py:event_loop_normal"], "ValueError: bad")
+    assert sl.diagnose(after)["phase"] == "crashed_after_ready"
+    assert sl.diagnose(after, process_alive=True)["phase"] == "ready"     # the gate's own view of a live server wins
 
 
 # --- failures -----------------------------------------------------------------------------
@@ -369,8 +375,19 @@ def test_oom_in_draft_model_is_a_reserve_problem():
 
 
 def test_exit_without_traceback_during_weights():
+    # SIGKILLed from outside (no sigquit, no error of SGLang's own): the host's OOM killer, not GPU memory
     res = sl.diagnose(read("synthetic_loading_tp2.log"), exit_status=137)
-    assert res["phase"] == "weights_oom" and "OOM killer" in res["remedy"]
+    assert res["phase"] == "host_oom_killed" and "OOM killer" in res["remedy"] and "not GPU memory" in res["remedy"]
+    assert res["facts"]["former_phase"] == "weights_oom" and res["facts"]["failed_stage"] == "weights"
+    # the shell's "Killed" line says the same without an exit status
+    assert sl.diagnose(read("synthetic_loading_tp2.log") + "Killed\n")["phase"] == "host_oom_killed"
+    # an exit without a SIGKILL and without an error while loading: the load failed, the log does not say why
+    res = sl.diagnose(read("synthetic_loading_tp2.log"), exit_status=1)
+    assert res["phase"] == "weights_load_failed" and res["facts"]["former_phase"] == "weights_oom"
+    assert "exit status 1" in res["remedy"] and "OOM killer" not in res["remedy"]
+    # SGLang's own tree kill after a child reported its failure is not the OOM killer
+    text = read("synthetic_loading_tp2.log") + "[2026-03-01 10:00:30] Received sigquit from a child process. It usually means the child failed.\n"
+    assert sl.diagnose(text, exit_status=137)["phase"] == "weights_load_failed"
 
 
 # --- progress and timeout -----------------------------------------------------------------
@@ -403,8 +420,10 @@ def test_pre_launch_phases():
 
 
 def test_every_phase_of_the_vocabulary_is_reachable_in_these_tests():
-    # 17, plus runtime_toolchain_missing (issue 27) and gpu_p2p_hang / gpu_p2p_wrong_result (the two-GPU check)
-    assert len(sl.PHASES) == 20 and len(set(sl.PHASES)) == 20
+    # 17, plus runtime_toolchain_missing (issue 27), gpu_p2p_hang / gpu_p2p_wrong_result (the two-GPU check) and
+    # host_oom_killed, weights_load_failed, kv_pool_init_failed, scheduler_init_failed (issue 29)
+    # and crashed_after_ready (issue 31)
+    assert len(sl.PHASES) == 25 and len(set(sl.PHASES)) == 25
 
 
 # --- failures named from the log alone (structure: where the startup stopped, what was raised) ---
@@ -425,9 +444,14 @@ def _loading_until(marker):
 def test_scheduler_killed_names_the_host_oom_killer():
     text = _loading_until("Load weight end") + _died(-9, rank=1)
     res = sl.diagnose(text)
-    assert res["phase"] == "weights_oom"
+    assert res["phase"] == "host_oom_killed" and res["facts"]["former_phase"] == "weights_oom"
     assert res["facts"]["scheduler_exit_code"] == -9 and res["facts"]["failure"] == "scheduler_killed"
     assert "OOM killer" in res["remedy"] and "dmesg -T | grep -i oom" in res["remedy"] and "Rank 1" in res["remedy"]
+    assert "container's memory limit" in res["remedy"] and "during weights" in res["remedy"]
+    # later in the start too: the SIGKILL is the evidence, the stage is said
+    res = sl.diagnose(_loading_until("Capture cuda graph begin") + _died(-9))
+    assert res["phase"] == "host_oom_killed" and "during kv pool" in res["remedy"]
+    assert res["facts"]["former_phase"] == "init_failed_before_gpu"
 
 
 def test_scheduler_death_reports_other_exit_codes():
@@ -442,8 +466,9 @@ def test_scheduler_death_reports_other_exit_codes():
 
 
 def test_the_cause_wins_over_the_report_of_a_dead_scheduler():
-    text = read("init_failed_before_gpu_sglang_25118.log")
+    text = read("kv_pool_init_failed_sglang_25118.log")
     res = sl.diagnose(text)
+    assert res["phase"] == "kv_pool_init_failed" and res["facts"]["former_phase"] == "init_failed_before_gpu"
     assert res["facts"]["failure"] == "kv_pool_failed" and res["facts"]["scheduler_exit_code"] == -3
     assert "not out of memory" in res["remedy"]
 
@@ -470,17 +495,35 @@ def test_an_assertion_while_building_the_kv_pool_is_not_an_oom():
         ["model_executor/model_runner.py:init_memory_pool", "mem_cache/memory_pool.py:_create_buffers"],
         "AssertionError: store_dtype must be uint8")
     res = sl.diagnose(text)
-    assert res["phase"] != "kv_cache_oom" and res["facts"]["failure"] == "kv_pool_failed" and res["facts"]["failed_stage"] == "kv_pool"
+    assert res["phase"] == "kv_pool_init_failed" and res["facts"]["failure"] == "kv_pool_failed" and res["facts"]["failed_stage"] == "kv_pool"
 
 
 def test_a_traceback_in_model_loading_is_weights_oom_only_with_oom_evidence():
     before = _loading_until("Loading safetensors")
     frames = ["model_executor/model_runner.py:load_model", "model_loader/loader.py:load_weights_and_postprocess"]
-    res = sl.diagnose(before + _scheduler_tb(frames, "KeyError: 'model.layers.3.mlp.gate_up_proj.weight_scale'"))
-    assert res["phase"] != "weights_oom" and res["facts"]["failure"] == "weights_load_failed"
-    assert "Loading the weights failed" in res["remedy"]
+    res = sl.diagnose(before + _scheduler_tb(frames, "KeyError: 'model.layers.3.mlp.gate_up_proj.weight_scale'"),
+                      exit_status=137, gpu_used_mib=[20480, 20480], gpu_baseline_mib=[0, 0])
+    assert res["phase"] == "weights_load_failed" and res["facts"]["failure"] == "weights_load_failed"
+    assert "Loading the weights failed, and not for lack of memory" in res["remedy"]
+    # the GPUs held 20 GiB when it failed: the phase no longer says it failed before touching them
+    assert "GPU memory used (MiB): 20480, 20480" in res["evidence"]
     res = sl.diagnose(before + _scheduler_tb(frames, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."))
     assert res["phase"] == "weights_oom"
+
+
+@pytest.mark.parametrize("until,phase,former", [
+    ("Init torch distributed begin", "init_failed_before_gpu", None),          # nothing touched a GPU yet
+    ("Loading safetensors", "weights_load_failed", "init_failed_before_gpu"),   # between Load weight begin and end
+    ("Mamba Cache", "kv_pool_init_failed", "init_failed_before_gpu"),           # after Load weight end
+    ("Memory pool end", "kv_pool_init_failed", "init_failed_before_gpu"),       # the attention backend, before graphs
+    ("Started server process", "scheduler_init_failed", "init_failed_before_gpu"),  # after max_total_num_tokens=
+])
+def test_a_failure_is_named_by_where_the_start_stopped(until, phase, former):
+    text = _loading_until(until) + _scheduler_tb(["managers/scheduler.py:__init__"], "RuntimeError: open: Address family not supported")
+    res = sl.diagnose(text, exit_status=137, gpu_used_mib=[20480, 20480], gpu_baseline_mib=[0, 0])
+    assert res["phase"] == phase, (until, res["facts"].get("failed_stage"))
+    assert res["facts"].get("former_phase") == former
+    assert "RuntimeError: open: Address family not supported" in res["remedy"]
 
 
 def test_any_failure_after_graph_capture_began_is_cuda_graph_failed():

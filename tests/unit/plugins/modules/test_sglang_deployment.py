@@ -11,12 +11,14 @@ import pytest
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import model_revisions as mr
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.modules import sglang_deployment
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
 
 OLD, NEW = "1" * 64, "2" * 64
-DIAG = {"phase": "degenerate_output", "msg": "degenerate_output: launch x of sglang.service did not become ready Remedy: r",
-        "remedy": "r", "evidence": ["!!!!"], "failed": True}
+# the gate's failed result, as failure.fail returns it
+DIAG = dict(Failure("degenerate_output", "launch x of sglang.service did not become ready", remedy="r", evidence=["!!!!"]).result(),
+            failed=True)
 
 
 def venv(path, lock):

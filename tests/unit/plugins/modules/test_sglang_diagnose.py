@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_log
 from ansible_collections.kpro.gpu_serving.plugins.modules import sglang_diagnose
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
 
@@ -58,21 +59,31 @@ def test_ready_with_planned_weights(tmp_path):
 def test_bad_gpu_list_fails(tmp_path):
     with pytest.raises(AnsibleFailJson) as e:
         run_module(sglang_diagnose, {"log_path": str(tmp_path / "x"), "gpu_used_mib": "[a,b]"})
-    assert "gpu_used_mib" in e.value.result["msg"]
+    res = e.value.result
+    assert res["phase"] == "bad_input" and res["msg"].startswith("bad_input: gpu_used_mib: ")
+    assert res["known_failure"]["msg"].startswith("gpu_used_mib: ") and "[0, 0]" in res["remedy"]
+
+
+def test_an_unreadable_log_is_bad_input(tmp_path):
+    with pytest.raises(AnsibleFailJson) as e:
+        run_module(sglang_diagnose, {"log_path": str(tmp_path)})     # a directory: exists, cannot be read as a file
+    assert e.value.result["phase"] == "bad_input" and "cannot read the server log" in e.value.result["msg"]
 
 
 @pytest.mark.parametrize("value,expected", [(None, None), ([1, "2"], [1.0, 2.0]), ("[0,0]", [0.0, 0.0]), ("0 5", [0.0, 5.0]),
                                             (7, [7.0]), ("[]", [])])
 def test_mib_list(value, expected):
-    assert sglang_diagnose.mib_list(value) == expected
+    assert sglang_log.mib_list(value) == expected
 
 
 def test_a_published_log_alone_is_diagnosed():
     # no exit status, no process state, no GPU numbers: what a careful operator reads from the log
-    res = run({"log_path": os.path.join(FIX, "weights_oom_gpustack_3848.log")})
-    assert res["phase"] == "weights_oom" and res["facts"]["scheduler_exit_code"] == -9
+    res = run({"log_path": os.path.join(FIX, "host_oom_killed_gpustack_3848.log")})
+    assert res["phase"] == "host_oom_killed" and res["facts"]["scheduler_exit_code"] == -9
+    assert res["former_phase"] == res["facts"]["former_phase"] == "weights_oom"
     assert "dmesg -T | grep -i oom" in res["remedy"]
     res = run({"log_path": os.path.join(FIX, "not_started_sglang_12818.log")})
     assert res["phase"] == "not_started" and res["facts"]["failure"] == "argparse"
-    res = run({"log_path": os.path.join(FIX, "init_failed_before_gpu_sglang_9747.log")})
-    assert res["phase"] == "init_failed_before_gpu" and res["facts"]["failure"] == "weights_load_failed"
+    res = run({"log_path": os.path.join(FIX, "weights_load_failed_sglang_9747.log")})
+    assert res["phase"] == "weights_load_failed" and res["facts"]["failure"] == "weights_load_failed"
+    assert res["former_phase"] == "init_failed_before_gpu"

@@ -1,8 +1,8 @@
 """A TP rank's scheduler process (``sglang::scheduler_TP<r>``) and the detokenizer.
 
-Each rank walks ModelRunner's startup (section 1.2 of shared/reference/sglang.md), puts its
-memory on its GPU in the lab state as it goes, and reports to the main process over a pipe
-(which also carries the min-all-reduces SGLang does across ranks).
+Each rank walks ModelRunner's startup (sglang-0.5.9 model_executor/model_runner.py: init_torch_distributed,
+load_model, init_memory_pool, init_device_graphs), puts its memory on its GPU in the lab state as it goes, and
+reports to the main process over a pipe (which also carries the min-all-reduces SGLang does across ranks).
 """
 
 import os
@@ -53,8 +53,11 @@ class Rank(object):
         self.cuda_index = cuda_index
         self.drills = drills
         self.ppid = ppid
-        self.prefix = " TP%d" % rank
-        self.title = "sglang::scheduler_TP%d" % rank
+        self.stage = rank // server_args.tp_size     # the pipeline stage (rank = pp_rank x tp_size + tp_rank)
+        # 0.5.11 run_scheduler_process (managers/scheduler.py:3845-3860): " PP<n>" with pp_size > 1, then " TP<n>"
+        self.prefix = " TP%d" % rank if server_args.pp_size <= 1 else " PP%d" % self.stage + (
+            " TP%d" % (rank % server_args.tp_size) if server_args.tp_size > 1 else "")
+        self.title = "sglang::scheduler" + self.prefix.replace(" ", "_")
         self.ident = gpustate.identity()
         self.used = 0.0  # bytes on our GPU
         self.torch_alloc = 0.0
@@ -189,7 +192,9 @@ class Rank(object):
         scale = 1.0
         if "weights_oom" in self.drills or dtype == "float32":
             dtype, scale = "float32", 2.0
-        total = memory.weights_per_rank_bytes(facts, a.tp_size, scale)
+        total = memory.weights_per_rank_bytes(facts, a.tp_size, scale, a.pp_size, self.stage)
+        if "weights_load_failed" in self.drills:
+            self.no_weights_files(total)
         shards = facts.shards
         n = len(shards)
         load_time = 1.6
@@ -204,6 +209,9 @@ class Rank(object):
             for _step in range(sub):
                 if "hang" in self.drills and self.drills["hang"] != "nccl" and k >= n // 2:
                     self.hang()
+                if "host_oom_killed" in self.drills and k >= n // 2 and self.rank == a.tp_size - 1:
+                    # the kernel's OOM killer: SIGKILL, nothing logged, nothing freed by the process itself
+                    os.kill(os.getpid(), signal.SIGKILL)
                 util.sleep(step_time / sub)
                 try:
                     self.alloc(total / n / sub)
@@ -228,11 +236,28 @@ class Rank(object):
         self.weights_gib = before - after
         self.init_pools(total_gpu)
 
+    def no_weights_files(self, total):
+        """0.5.11's DefaultModelLoader.load_model (model_loader/loader.py:680-706) allocates the model's parameters on the
+        GPU, then reads the checkpoint: with no *.safetensors / *.bin under --model-path, _prepare_weights raises
+        (loader.py:476-479) after the memory is taken, before any "Loading safetensors checkpoint shards" line."""
+        self.alloc(total)
+        util.sleep(0.2)
+        self.fail(_frames_runner([
+            (_F + "model_executor/model_runner.py", 625, "initialize", "self.load_model()"),
+            (_F + "model_executor/model_runner.py", 1380, "load_model", "self.model = self.loader.load_model("),
+            (_F + "model_loader/loader.py", 704, "load_model", "self.load_weights_and_postprocess("),
+            (_F + "model_loader/loader.py", 713, "load_weights_and_postprocess", "model.load_weights(weights)"),
+            (_F + "models/qwen3_5.py", 1514, "load_weights", "for name, loaded_weight in weights:"),
+            (_F + "model_loader/loader.py", 588, "_get_all_weights", "yield from self._get_weights_iterator(primary_weights)"),
+            (_F + "model_loader/loader.py", 492, "_get_weights_iterator", "hf_folder, hf_weights_files, use_safetensors = self._prepare_weights("),
+            (_F + "model_loader/loader.py", 477, "_prepare_weights", "raise RuntimeError("),
+        ]), "RuntimeError: Cannot find any model weights with `%s`" % self.a.model_path)
+
     def init_pools(self, total_gpu):
         a, facts = self.a, self.facts
         avail = self.allreduce_min("avail", self.free_gib())
         util.sleep(0.05)
-        plan = memory.PoolPlan(facts, a, total_gpu, avail, _version())
+        plan = memory.PoolPlan(facts, a, total_gpu, avail, _version(), stage=self.stage)
         self.plan = plan
         if "kv_cache_oom" in self.drills or not plan.fits:
             if _version() >= (0, 5, 11, 0):

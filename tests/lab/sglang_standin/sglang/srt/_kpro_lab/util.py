@@ -13,7 +13,7 @@ _level = 20
 _http_level = 20
 
 KNOWN_DRILLS = (
-    "kv_cache_oom", "weights_oom", "init_failed_before_gpu", "nccl_error", "cuda_graph_failed",
+    "kv_cache_oom", "weights_oom", "init_failed_before_gpu", "host_oom_killed", "weights_load_failed", "nccl_error", "cuda_graph_failed",
     "port_in_use", "warmup_failed", "degenerate_output", "degenerate_loop", "leftover_child",
     "slow_load", "hang",
     # output drills, read at every request (generate.py)
