@@ -44,6 +44,8 @@ options:
   _terms:
     description:
       - API paths relative to C(/api2/json), for example C(version) or C(nodes/pve1/status). A leading C(/) is ignored.
+      - A path may end in a query string, for example C(access/permissions?path=/vms/129); its values are sent
+        URL-encoded (C(path=%2Fvms%2F129)).
     type: list
     elements: str
     required: true
@@ -107,6 +109,13 @@ EXAMPLES = r"""
     that: pve_version.status == 200
     fail_msg: "HTTP {{ pve_version.status }}: {{ pve_version.msg }}"
 
+- name: The token's own privileges on CT 129 (PVE answers any token about itself)
+  ansible.builtin.set_fact:
+    ct_privileges: >-
+      {{ lookup('kpro.gpu_serving.pve_api', 'access/permissions?path=/vms/129', host=pve_api_host,
+                token_user=pve_api_user, token_id=pve_api_token_id, token_secret=pve_api_token_secret) }}
+  no_log: true
+
 - name: Two paths in one call (one dictionary each)
   ansible.builtin.debug:
     msg: "{{ query('kpro.gpu_serving.pve_api', 'version', 'nodes', host='pve1.example.com', token_user='root@pam',
@@ -151,6 +160,7 @@ import http.client
 import json
 import os
 import urllib.error
+from urllib.parse import parse_qsl, urlencode
 
 from ansible.errors import AnsibleLookupError, AnsibleOptionsError
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -171,10 +181,13 @@ def _option_error(what):
 
 
 def api_path(term):
-    """The path under /api2/json a term names; an empty or non-text term is a caller's mistake."""
-    if not isinstance(term, str) or not term.strip("/ "):
+    """The path under /api2/json a term names, its query string (if any) encoded again; an empty or non-text term
+    is a caller's mistake."""
+    path, sep, query = term.strip().partition("?") if isinstance(term, str) else ("", "", "")
+    if not path.strip("/ "):
         raise _option_error("a term must be an API path under /api2/json such as 'version', got %r" % (term,))
-    return term.strip().lstrip("/")
+    path = path.lstrip("/")
+    return path + "?" + urlencode(parse_qsl(query, keep_blank_values=True)) if sep else path
 
 
 def base_url(host, port):

@@ -33,7 +33,8 @@ _REPOSITORY_HINTS = (
     ("pve-", "the Proxmox VE repository (pve-no-subscription, or pve-enterprise with a subscription) in "
              "/etc/apt/sources.list.d, then apt-get update"),
 )
-DEBIAN_HINT = "Debian's bookworm main repository (or a mirror of it) in /etc/apt/sources.list, then apt-get update"
+DEBIAN_HINT = ("Debian's main repository of the host's release (or a mirror of it): bookworm in /etc/apt/sources.list on "
+               "PVE 8, trixie in /etc/apt/sources.list.d/debian.sources on PVE 9; then apt-get update")
 
 
 def expand(names, kernel):

@@ -29,8 +29,11 @@ def boot_listing(module):
 
 
 def modinfo(module, kernel, name="nvidia"):
-    """modinfo's fields of ``name`` for ``kernel`` ({} when the kernel has no such module)."""
-    tool = module.get_bin_path("modinfo") or "modinfo"
+    """modinfo's fields of ``name`` for ``kernel`` ({} when the kernel has no such module, or no kmod is installed:
+    run_command would end the module on a missing executable)."""
+    tool = module.get_bin_path("modinfo")
+    if not tool:
+        return {}
     rc, out, _err = module.run_command([tool, "-k", kernel, name])
     return ms.parse_modinfo_fields(out) if rc == 0 else {}
 
@@ -123,6 +126,19 @@ class Kernels(object):
                     remedy="remove %s from %s (DKMS reads it after framework.conf)" % (name, where))
         return key
 
+    def wrong_key(self, kernel, fields):
+        """Under Secure Boot, with the enrolled key and certificate given: the module (modinfo ``fields``) of ``kernel``
+        is not signed by that certificate, so the kernel refuses it: built again rather than loaded."""
+        cert_path = self.p["module_signing_cert"]
+        cert = read_certificate(cert_path)[0] if cert_path and self.p["module_signing_key"] else None
+        if not (cert and fields):
+            return False
+        try:
+            ms.check_signature(kernel, fields, cert, cert_path, None)
+        except Failure:
+            return True
+        return False
+
     def install_headers(self, entry):
         """apt-get install proxmox-headers-<kernel>; True when they are there afterwards. ``changed`` only when apt
         succeeded (or, in check mode, would run).
@@ -148,16 +164,19 @@ class Kernels(object):
         self.d.changed = self.d.changed or rc == 0
         return rc == 0 and bk.headers_present(entry["kernel"], self.p["modules_root"])
 
-    def build(self, entry):
+    def build(self, entry, force=False):
         """dkms install for one kernel (build and install); a failure keeps make.log's last lines. ``changed`` only
         when dkms succeeded (or, in check mode, would run). A failed build of a fallback kernel is tried again on the
-        next run (DKMS keeps no record of a failed build to read back), without changed."""
+        next run (DKMS keeps no record of a failed build to read back), without changed. ``force``: past DKMS's
+        check_version_sanity, which refuses a module of the same version already under /lib/modules/<kernel> (the
+        installer's own, on a host whose driver was registered with DKMS afterwards)."""
         entry["action"] = "build"
         if self.m.check_mode:
             self.d.changed = True
             return
         dkms = self.m.get_bin_path("dkms") or "dkms"
-        rc, out, err = self.d.run([dkms, "install", "-m", "nvidia", "-v", self.version, "-k", entry["kernel"]])
+        rc, out, err = self.d.run([dkms, "install"] + (["--force"] if force else []) +
+                                  ["-m", "nvidia", "-v", self.version, "-k", entry["kernel"]])
         if rc == 0:
             self.d.changed = True
             entry["dkms"] = "installed"
@@ -213,13 +232,14 @@ class Kernels(object):
             dkms = self.m.get_bin_path("dkms") or "dkms"
             rc = self.d.run([dkms, "remove", "-m", "nvidia", "-v", self.version, "-k", entry["kernel"]])[0]
             self.d.changed = self.d.changed or rc == 0  # the old module is gone, whatever the build does
-        self.build(entry)
+        self.build(entry, force=True)
         entry["action"] = "resign"
 
-    def run(self, secure_boot):
-        """observe, sign, build, verify; raise the first problem's phase with every problem as evidence."""
+    def run(self, secure_boot, dkms_key=None):
+        """observe, sign, build, verify; raise the first problem's phase with every problem as evidence. ``dkms_key``:
+        the key DKMS signs with, when configure_signing() already ran (the host step runs it before anything builds)."""
         self.observe()
-        dkms_key = self.configure_signing() if secure_boot else None
+        dkms_key = dkms_key or (self.configure_signing() if secure_boot else None)
         if self.p["dkms"]:
             self.ensure_built()
         if secure_boot:

@@ -2,7 +2,8 @@
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The steps of kpro.gpu_serving.nvidia_driver: observe (kernel, DKMS, NVML), get a verified installer, install or
-rebuild, load, and verify. A known failure is raised as ``Failure`` (failure.py) with the old name in ``failure``.
+rebuild, load, and verify. Each mode returns the module's result; a known failure is raised as ``Failure`` (failure.py)
+with the old name in ``failure``. Only the module's main ends the module.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from ansible.module_utils.urls import fetch_url
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import boot_kernels as bk
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import installer_log
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.driver_kernels import Kernels
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.driver_kernels import Kernels, modinfo
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import VOCABULARY, Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import MODE_DEFAULT, atomic_write, read_text
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts, read_proc_driver_version
 
 INSTALLER_LOG = "/var/log/nvidia-installer.log"  # nvidia-installer 590.48.01 nvidia-installer.h:554
+BUILDS = ("install", "rebuild_module", "resign_module", "register_dkms")  # the actions that build a module
 
 
 class Driver(object):
@@ -36,6 +38,7 @@ class Driver(object):
         self.diff = []  # the systemd units written (or that check mode would write), before/after
         self.extra = {}  # more return values of the host step (the module's release look)
         self._dkms = None  # DKMS's nvidia entries, read once until run() changes the host
+        self.kernels = None  # driver_kernels.Kernels of the host step
 
     def fail(self, kind, msg, **extra):
         """Raise the named failure; RV(failure) keeps its old name, RV(phase) is the vocabulary's (failure.py)."""
@@ -191,7 +194,10 @@ class Driver(object):
         for mod in ("nvidia", "nvidia_uvm", "nvidia_modeset"):
             rc, out, err = self.run([modprobe, mod])
             if rc != 0:
-                self.fail("driver_not_loaded", "modprobe %s failed: %s" % (mod, (err or out).strip()))
+                why = (err or out).strip()
+                self.fail("driver_not_loaded", "modprobe %s failed: %s" % (mod, why), remedy=(
+                    "Secure Boot refused the module's signature: give gpu_host_module_signing_key/_cert (a key enrolled as "
+                    "MOK); the gpu_host stage points DKMS at it and builds the module again" if "Key was rejected" in why else ""))
         self.changed = True
 
     def ensure_unit(self, name, content):
@@ -247,31 +253,22 @@ class Driver(object):
         nothing else on the host changes, so this runs before stage 1 touches the boot files."""
         self.version = self.checked_version()
         path = self.installer()
-        self.m.exit_json(changed=self.changed, action="fetched", reason="installer %s verified" % path,
-                         installer_path=path, steps=self.log)
+        return dict(changed=self.changed, action="fetched", reason="installer %s verified" % path, installer_path=path, steps=self.log)
 
     def host(self):
         self.version = self.checked_version()
         kernel = self.kernel_release()
-        headers = os.path.exists("/lib/modules/%s/build" % kernel)
-        action, reason = ni.plan_host(self.version, self.loaded(), self.dkms_entries(), kernel, headers)
-        if action in ("install", "rebuild_module") and ni.secure_boot_enabled(self.p["efivars_dir"]) \
-                and not self.p["module_signing_key"]:
+        secure = bool(ni.secure_boot_enabled(self.p["efivars_dir"]))
+        self.kernels = Kernels(self, self.version)
+        # first: every DKMS build signs with framework.conf's key, and one made before it names the enrolled key is
+        # signed with DKMS's own generated key, which the kernel refuses under Secure Boot
+        dkms_key = self.kernels.configure_signing() if secure or self.p["module_signing_key"] else None
+        action, reason = self.plan(kernel, secure)
+        if action in BUILDS and secure and not self.p["module_signing_key"]:
             self.fail("secure_boot_unsigned_module", "Secure Boot is enabled: an unsigned NVIDIA module will not load. "
                       "Give module_signing_key/module_signing_cert (a key enrolled as MOK) or disable Secure Boot.")
         if not self.m.check_mode:
-            if action in ("install", "rebuild_module"):
-                self.ensure_headers(kernel)
-            if action == "install":
-                self.run_installer("host", kernel)
-                self.modprobe()
-            elif action == "rebuild_module":
-                rc, out, err = self.run(["dkms", "install", "-m", "nvidia", "-v", self.version, "-k", kernel])
-                if rc != 0:
-                    self.dkms_failed(kernel, rc, out, err)
-                self.modprobe()
-            elif action == "load":
-                self.modprobe()
+            self.act(action, kernel)
         elif action != "none":
             self.changed = True
         if self.p["device_nodes_unit"]:
@@ -281,19 +278,49 @@ class Driver(object):
         facts = self.nvml()
         if not (self.m.check_mode and action != "none"):
             self.verify(facts)
-        kernels = self.every_kernel()
+        kernels = self.every_kernel(secure, dkms_key)
         loaded = self.loaded()
         # would_change: check mode's changed, kept where a role's read-only probe reports changed=false (changed_when)
-        self.m.exit_json(changed=self.changed, would_change=bool(self.m.check_mode and self.changed), action=action, reason=reason,
-                         kernel_release=kernel, host_version=loaded and loaded["version"], nvml=facts, steps=self.log, diff=self.diff,
-                         kernels=kernels.report, next_boot_kernel=getattr(kernels, "next_boot", None), **self.extra)
+        return dict(changed=self.changed, would_change=bool(self.m.check_mode and self.changed), action=action, reason=reason,
+                    kernel_release=kernel, host_version=loaded and loaded["version"], nvml=facts, steps=self.log, diff=self.diff,
+                    kernels=kernels.report, next_boot_kernel=getattr(kernels, "next_boot", None), **self.extra)
 
-    def every_kernel(self):
+    def plan(self, kernel, secure):
+        """plan_host's inputs: what runs, what DKMS knows, the module the kernel would load and, under Secure Boot, whether
+        the enrolled key signed it."""
+        fields = modinfo(self.m, kernel)
+        return ni.plan_host(self.version, self.loaded(), self.dkms_entries(), kernel,
+                            os.path.exists("/lib/modules/%s/build" % kernel), on_disk=fields.get("version"),
+                            sources=os.path.exists(os.path.join(ni.module_sources(self.version), "dkms.conf")),
+                            dkms=self.p["dkms"], wrong_key=secure and self.kernels.wrong_key(kernel, fields))
+
+    def act(self, action, kernel):
+        """The planned action, then the modules loaded. register_dkms: dkms install --force, past check_version_sanity's
+        refusal of the installer's own module of the same version; resign_module and register_dkms build anew (dkms
+        remove first), signed with the key framework.conf names now."""
+        if action == "none":
+            return
+        if action in BUILDS:
+            self.ensure_headers(kernel)
+        if action == "install":
+            self.run_installer("host", kernel)
+        elif action in BUILDS:
+            dkms = self.m.get_bin_path("dkms") or "dkms"
+            if action != "rebuild_module" and any(e["module"] == "nvidia" and e["version"] == self.version
+                                                  and e["kernel"] == kernel for e in self.dkms_entries()):
+                self.run([dkms, "remove", "-m", "nvidia", "-v", self.version, "-k", kernel])
+            force = ["--force"] if action != "rebuild_module" else []
+            rc, out, err = self.run([dkms, "install"] + force + ["-m", "nvidia", "-v", self.version, "-k", kernel])
+            self.changed = True
+            if rc != 0:
+                self.dkms_failed(kernel, rc, out, err)
+        self.modprobe()
+
+    def every_kernel(self, secure, dkms_key):
         """The module built (and signed under Secure Boot) for every kernel that can boot, not only the running one."""
-        kernels = Kernels(self, self.version)
         if self.p["all_kernels"]:
-            kernels.run(bool(ni.secure_boot_enabled(self.p["efivars_dir"])))
-        return kernels
+            self.kernels.run(secure, dkms_key)
+        return self.kernels
 
     def userspace(self):
         loaded = self.loaded()
@@ -325,5 +352,5 @@ class Driver(object):
                     facts.get("msg") or facts.get("driver_version"), host_version), nvml=facts,
                     host_version=host_version)
             self.verify(facts)
-        self.m.exit_json(changed=self.changed, action=action, reason=reason, kernel_release=self.kernel_release(),
-                         host_version=host_version, nvml=facts, steps=self.log)
+        return dict(changed=self.changed, action=action, reason=reason, kernel_release=self.kernel_release(),
+                    host_version=host_version, nvml=facts, steps=self.log)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.device_nodes import boot_commands
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
 
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
@@ -107,13 +108,20 @@ def parse_dkms_status(text):
     return entries
 
 
-def dkms_built_for(entries, version, kernel):
+def dkms_installed_for(entries, version, kernel):
+    """DKMS installed nvidia ``version`` for ``kernel`` (only "built" is not in /lib/modules: modprobe finds nothing)."""
     return any(e["module"] == "nvidia" and e["version"] == version and e["kernel"] == kernel
-               and e["state"] in ("installed", "built") for e in entries)
+               and e["state"] == "installed" for e in entries)
 
 
 def dkms_has_source(entries, version):
     return any(e["module"] == "nvidia" and e["version"] == version for e in entries)
+
+
+def module_sources(version):
+    """Where nvidia-installer puts the module sources and dkms.conf, with or without --dkms (DEFAULT_KERNEL_MODULE_SRC_PREFIX
+    /usr/src, dir nvidia-<version>: nvidia-installer 580 nvidia-installer.h:525, files.c:534-561)."""
+    return "/usr/src/nvidia-%s" % version
 
 
 def secure_boot_enabled(efivars_dir="/sys/firmware/efi/efivars"):
@@ -152,22 +160,38 @@ def installer_args(mode, kernel_module_type="open", dkms=True, kernel_release=No
     return args + list(extra or [])
 
 
-def plan_host(version, loaded, dkms_entries, kernel_release, headers_present):
+def plan_host(version, loaded, dkms_entries, kernel_release, headers_present, on_disk=None, sources=True, dkms=True,
+              wrong_key=False):
     """Decide what the host needs.
 
-    ``loaded``: nvml.read_proc_driver_version() of the running module, or None.
-    Returns (action, reason) with action one of: none, load, rebuild_module, install.
+    ``loaded``: nvml.read_proc_driver_version() of the running module, or None. ``on_disk``: the version of the nvidia
+    module the running kernel would load (modinfo), ``sources``: the installer's /usr/src/nvidia-<version>/dkms.conf is
+    there, ``dkms``: the module is wanted under DKMS, ``wrong_key``: under Secure Boot, the running kernel's module is
+    signed by another key than the enrolled one (the kernel refuses it).
+    Returns (action, reason) with action one of: none, load, rebuild_module, resign_module, register_dkms, install.
     """
-    if loaded and loaded["version"] == version:
-        return "none", "NVIDIA kernel module %s is loaded" % version
-    if loaded:
+    if loaded and loaded["version"] != version:
         return "install", "kernel module %s is loaded, %s requested" % (loaded["version"], version)
-    if dkms_built_for(dkms_entries, version, kernel_release):
+    if dkms and on_disk == version and not dkms_installed_for(dkms_entries, version, kernel_release):
+        # installed without --dkms, or the installer's DKMS registration failed (only a warning): dkms install of the
+        # same version dies in check_version_sanity, and no new kernel would get the module
+        if not sources:
+            return "install", "driver %s is not registered with DKMS and %s/dkms.conf is missing: reinstalled with --dkms" % (
+                version, module_sources(version))
+        return "register_dkms", "driver %s for kernel %s was installed without DKMS (dkms status has no installed " \
+            "nvidia/%s for it): its sources in %s are registered with DKMS" % (
+                version, kernel_release, version, module_sources(version))
+    if loaded:
+        return "none", "NVIDIA kernel module %s is loaded" % version
+    if wrong_key:
+        return "resign_module", "the module %s for kernel %s is signed by a key that is not the enrolled one" % (
+            version, kernel_release)
+    if dkms_installed_for(dkms_entries, version, kernel_release):
         return "load", "module %s is built for %s but not loaded" % (version, kernel_release)
     if dkms_has_source(dkms_entries, version):
         # A host rebuild or kernel upgrade: the driver is installed, its module is not
         # built for the kernel that now runs. DKMS rebuilds only the module.
-        return "rebuild_module", "driver %s is registered with DKMS but not built for kernel %s%s" % (
+        return "rebuild_module", "driver %s is registered with DKMS but not installed for kernel %s%s" % (
             version, kernel_release, "" if headers_present else " (headers missing)")
     return "install", "no NVIDIA driver %s on this host" % version
 
@@ -188,7 +212,8 @@ def plan_userspace(host_version, nvml_version, nvml_reason):
 
 
 def device_nodes_unit(gpu_count):
-    minors = " ".join("-c %d" % i for i in range(gpu_count))
+    """The unit's text; its nvidia-modprobe lines come from device_nodes.boot_commands, the list the passthrough reads."""
+    execs = "".join("ExecStart=/usr/bin/nvidia-modprobe %s\n" % " ".join(args) for args, _nodes in boot_commands(gpu_count))
     return (
         "# Managed by kpro.gpu_serving (nvidia_driver): create the NVIDIA device nodes at boot,\n"
         "# before Proxmox starts guests whose devN entries need them.\n"
@@ -200,12 +225,10 @@ def device_nodes_unit(gpu_count):
         "[Service]\n"
         "Type=oneshot\n"
         "RemainAfterExit=yes\n"
-        "ExecStart=/usr/bin/nvidia-modprobe %s -c 255\n"
-        "ExecStart=/usr/bin/nvidia-modprobe -u -c 0\n"
-        "ExecStart=/usr/bin/nvidia-modprobe -m\n"
+        "%s"
         "\n"
         "[Install]\n"
-        "WantedBy=multi-user.target\n" % minors
+        "WantedBy=multi-user.target\n" % execs
     )
 
 

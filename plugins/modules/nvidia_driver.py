@@ -17,16 +17,22 @@ description:
     exactly the requested version runs on the expected GPUs.
   - After a kernel change (host rebuild or upgrade) with the driver still registered in DKMS, only the kernel
     module is rebuilt for the new kernel; the installer is not run again.
+  - A driver of the requested version that DKMS does not know (installed without C(--dkms), or the installer's DKMS
+    registration failed, which it reports only as a warning) is registered from the installer's sources in
+    C(/usr/src/nvidia-<version>) (C(dkms install --force), past DKMS's refusal to replace the installer's module of the
+    same version), so that later kernels get the module; without those sources the installer runs again with C(--dkms).
   - In C(userspace) mode (inside an LXC container), installs the same version's userspace only
     (C(--no-kernel-modules)); the version defaults to the host's, read from C(/proc/driver/nvidia/version).
     Done when NVML in the container reports the host's exact version.
   - In C(host) mode, also makes sure the module is built and installed through DKMS for every kernel that can boot
     (C(proxmox-boot-tool kernel list) and its pins, else the images in C(/boot)), the next-boot kernel included,
     installing C(proxmox-headers-<kernel>) where they are missing (O(install_headers)); RV(kernels) reports each kernel.
-  - Under Secure Boot with O(module_signing_key)/O(module_signing_cert), DKMS's C(mok_signing_key)/C(mok_certificate)
-    in C(/etc/dkms/framework.conf) are set to that key (the old file is kept as C(framework.conf.kpro-gpu-serving.bak)),
-    so that every later DKMS rebuild is signed with it; each kernel's module is then verified from its own signature
-    (C(modinfo) C(signer)/C(sig_key) against the certificate's issuer and serial) and rebuilt when signed by another key.
+  - Under Secure Boot, or wherever O(module_signing_key)/O(module_signing_cert) are given, DKMS's
+    C(mok_signing_key)/C(mok_certificate) in C(/etc/dkms/framework.conf) are set to that key first, before anything is
+    built (the old file is kept as C(framework.conf.kpro-gpu-serving.bak)), so that every DKMS build, the kernel hook's
+    included, is signed with it; each kernel's module is then verified from its own signature (C(modinfo)
+    C(signer)/C(sig_key) against the certificate's issuer and serial) and rebuilt when signed by another key, the running
+    kernel's too when the kernel refused it.
   - Does nothing when the requested state is already there.
 author:
   - kpro.gpu_serving developers (!UNKNOWN)
@@ -140,7 +146,8 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reports the action it would take (C(install), C(rebuild_module), C(load)) and changes nothing.
+    description: Reports the action it would take (C(install), C(rebuild_module), C(resign_module), C(register_dkms),
+      C(load)) and changes nothing.
   diff_mode:
     support: partial
     description: The systemd units it writes (the device-node unit, nvidia-persistenced) are returned as a diff, in check
@@ -179,7 +186,8 @@ release:
   returned: when O(release_look) is given and the release was not refused
   type: dict
 action:
-  description: What was (or in check mode would be) done.
+  description: What was (or in check mode would be) done - C(none), C(load), C(rebuild_module), C(resign_module),
+    C(register_dkms) or C(install).
   returned: always
   type: str
   sample: rebuild_module
@@ -279,13 +287,15 @@ def main():
                 raise Failure("bad_input", "release_look goes with mode=host and state=present (the gpu_host stage's look).")
             driver.extra["release"] = vfio_run.look(module, module.params["release_look"])
         if module.params["state"] == "fetched":
-            driver.fetched()
+            result = driver.fetched()
         elif module.params["mode"] == "host":
-            driver.host()
+            result = driver.host()
         else:
-            driver.userspace()
+            result = driver.userspace()
     except Failure as e:
         fail(module, e, steps=driver.log, **driver.extra)   # a failed driver look keeps the release look's result
+    else:
+        module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 * ``apt/debian``: the real Debian packages the collection installs, with their dependencies, as
   downloaded against each stock root (rootfs_cache.COLLECTION_PACKAGES, cached in the apt pools);
+  ``apt/trixie`` the same for a PVE 9 node (``labctl.py up --release pve9``; its container stays bookworm);
 * ``apt/pve``: lab-built stand-ins of the Proxmox-only packages: ``proxmox-headers-<release>`` for each
   release of the node's ``kernel.headers_available``, ``proxmox-headers-<major.minor>`` and
   ``proxmox-default-headers``, with the dependency chain of the real meta packages (default-headers ->
@@ -193,21 +194,28 @@ def build_pve(run, releases, kernels=None):
     _index(out)
 
 
-def build_debian(run):
-    """apt/debian: the cached Debian packages of both stock roots' pools (hard links, same filesystem)."""
-    out = os.path.join(run, "build", "apt", "debian")
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
-    for variant in rootfs_cache.VARIANTS:
-        pool = rootfs_cache.pool_dir(variant)
-        for name in os.listdir(pool):
-            dst = os.path.join(out, name)
-            if not os.path.exists(dst):
-                try:
-                    os.link(os.path.join(pool, name), dst)
-                except OSError:
-                    shutil.copy(os.path.join(pool, name), dst)
-    _index(out)
+def build_debian(run, variants=("pve8", "ct")):
+    """One repository per Debian suite of ``variants`` (the lab's node and container roots): apt/debian (bookworm) and
+    apt/trixie, each the cached Debian packages of its roots' pools (hard links, same filesystem). A suite's repository
+    holds only its own suite's packages: apt would take trixie's newer versions into a bookworm container."""
+    repos = {}
+    for variant in variants:
+        repos.setdefault(rootfs_cache.REPO_OF_SUITE[rootfs_cache.SUITES[variant]], []).append(variant)
+    for repo in rootfs_cache.REPO_OF_SUITE.values():
+        shutil.rmtree(os.path.join(run, "build", "apt", repo), ignore_errors=True)
+    for repo, members in repos.items():
+        out = os.path.join(run, "build", "apt", repo)
+        os.makedirs(out)
+        for variant in members:
+            pool = rootfs_cache.pool_dir(variant)
+            for name in os.listdir(pool):
+                dst = os.path.join(out, name)
+                if not os.path.exists(dst):
+                    try:
+                        os.link(os.path.join(pool, name), dst)
+                    except OSError:
+                        shutil.copy(os.path.join(pool, name), dst)
+        _index(out)
 
 
 def _index(d):

@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """Start, stop and drive the lab's simulated Proxmox node kpro5 (run as root).
 
-    labctl.py up [--nodes 2] | down [--keep-disk] | status | reset | root | exec -- CMD...
+    labctl.py up [--nodes 2] [--release pve8|pve9] | down [--keep-disk] | status | reset [--release R] | root | release
+    labctl.py exec -- CMD...
     labctl.py --node kpro7 status | root | exec -- CMD...   (the second node of ``up --nodes 2``)
     labctl.py reboot | kernel-upgrade [RELEASE] | publish-kernel RELEASE [--no-headers] | unpublish-kernel RELEASE
     labctl.py secure-boot on|off | mok-enroll CERT | mok-list
+
+``--release`` (default: $KPGS_LAB_RELEASE, else pve8) is the Proxmox VE release of a fresh node: pve8 (Debian 12,
+kernel 6.8) or pve9 (Debian 13 trixie, kernel 6.17, deb822 apt sources); it is the node's disk's, recorded in
+.run/release at seeding, and an existing disk keeps its own (``reset --release R`` starts a fresh one).
 
 See tests/lab/README.md. Everything ``up`` starts is recorded by PID (with its
 /proc/PID/stat start time) under tests/lab/.run/pids/ and ended by PID at ``down``.
@@ -67,6 +72,7 @@ WHEELS = os.path.join(RUN, "wheels")
 LOCKS = os.path.join(RUN, "locks")
 WHEEL_CACHE = os.path.join(os.environ.get("KPGS_LAB_CACHE", "/var/cache/kpgs-lab"), "wheels")
 LAB_SGLANG_VERSIONS = ("0.5.9", "0.5.10.post1", "0.5.11")
+RELEASE_FILE = os.path.join(RUN, "release")  # the node disk's Proxmox VE release (seeded with it)
 PACKAGES = {"openssh-server": "/usr/sbin/sshd", "debootstrap": "/usr/sbin/debootstrap", "fuse3": "/usr/bin/fusermount3",
             "iproute2": "/usr/sbin/ip", "apt-utils": "/usr/bin/apt-ftparchive"}
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -254,14 +260,46 @@ def fresh_upper():
     return not os.path.isdir(UPPER) or not os.listdir(UPPER)
 
 
+def lab_release():
+    """The Proxmox VE release the node's disk was seeded as (a disk from before releases existed is pve8)."""
+    try:
+        with open(RELEASE_FILE) as f:
+            return f.read().strip() or "pve8"
+    except OSError:
+        return "pve8"
+
+
+def wanted_release(args):
+    """The release asked for: ``--release``, else $KPGS_LAB_RELEASE, else None (the disk's own, or pve8 if fresh)."""
+    rel = getattr(args, "release", None) or os.environ.get("KPGS_LAB_RELEASE") or None
+    if rel is not None and rel not in rootfs_cache.RELEASES:
+        raise SystemExit("labctl: unknown release %r (one of %s)" % (rel, ", ".join(rootfs_cache.RELEASES)))
+    return rel
+
+
+def settle_release(args):
+    """The release of this up: a fresh disk takes the one asked for (pve8 by default) and records it; an existing
+    disk keeps its own, and asking for another is an error (the disk would not match its root)."""
+    rel = wanted_release(args)
+    if fresh_upper():
+        os.makedirs(RUN, exist_ok=True)
+        with open(RELEASE_FILE, "w") as f:
+            f.write((rel or "pve8") + "\n")
+        return rel or "pve8"
+    if rel and rel != lab_release():
+        raise SystemExit("labctl: the node's disk is %s, not %s: `labctl.py reset --release %s` starts a fresh one"
+                         % (lab_release(), rel, rel))
+    return lab_release()
+
+
 def seed_upper():
     import seed
     os.makedirs(UPPER, exist_ok=True)
     shutil.copytree(os.path.join(HERE, "rootfs"), UPPER, symlinks=True, dirs_exist_ok=True)
     if NODE_NAME == "kpro5":
-        seed.seed(UPPER)
+        seed.seed(UPPER, release=lab_release())
     else:
-        seed.seed(UPPER, node=NODE_NAME, addr=NODE_IP, vmid=NODES[NODE_NAME]["vmid"])
+        seed.seed(UPPER, node=NODE_NAME, addr=NODE_IP, vmid=NODES[NODE_NAME]["vmid"], release=lab_release())
 
 
 def install_access(root):
@@ -414,7 +452,7 @@ def node_init():
     _mount("--make-rprivate", "/")
     for d in (UPPER, WORK, MERGED, FUSEDIR):
         os.makedirs(d, exist_ok=True)
-    lower = rootfs_cache.rootfs_dir("pve8")
+    lower = rootfs_cache.rootfs_dir(rootfs_cache.RELEASES[lab_release()])
     _mount("-t", "overlay", "kpgs-" + NODE_NAME, "-o", "lowerdir=%s,upperdir=%s,workdir=%s" % (lower, UPPER, WORK), MERGED)
     _mount("-t", "proc", "proc", os.path.join(MERGED, "proc"))
     fs_pid = _spawn([sys.executable, "-W", "ignore", os.path.join(HERE, "fakesys.py"), MERGED, FUSEDIR], "fakesys.log",
@@ -538,12 +576,13 @@ def apt_mirror(debian=True):
     every release the node's kernel has headers available for, its kernel stand-ins for every published release."""
     t0 = time.time()
     if debian:
-        aptrepo.build_debian(RUN)
+        aptrepo.build_debian(RUN, (rootfs_cache.RELEASES[lab_release()], "ct"))
     k = labstate.load(UPPER).get("kernel") or {}
     releases = k.get("headers_available") or []
     aptrepo.build_pve(RUN, releases, published_kernels(k))
-    log("apt mirror: %d Debian packages, headers for %s, kernels %s (%.1fs)" % (
-        len(os.listdir(os.path.join(RUN, "build", "apt", "debian"))) - 2, ", ".join(releases),
+    node_repo = rootfs_cache.REPO_OF_SUITE[rootfs_cache.SUITES[rootfs_cache.RELEASES[lab_release()]]]
+    log("apt mirror: %d Debian packages for the node (%s), headers for %s, kernels %s (%.1fs)" % (
+        len(os.listdir(os.path.join(RUN, "build", "apt", node_repo))) - 2, node_repo, ", ".join(releases),
         ", ".join(published_kernels(k)), time.time() - t0))
 
 
@@ -660,6 +699,8 @@ def cmd_up(args):
         raise SystemExit("labctl: --nodes is 1 or 2")
     use_node("kpro5")
     layout_ok = multi_node() == (nodes > 1) and (nodes > 1 or not extra_nodes_recorded())
+    if wanted_release(args) and wanted_release(args) != lab_release() and not fresh_upper():
+        settle_release(args)  # says so and exits: another release needs a fresh disk (reset)
     if layout_ok and healthy_nodes(nodes):
         print(summary_all(nodes))
         return 0
@@ -668,7 +709,8 @@ def cmd_up(args):
         cmd_down(argparse.Namespace(keep_disk=True))
     t0 = time.time()
     ensure_packages()
-    for variant in rootfs_cache.VARIANTS:
+    release = settle_release(args)
+    for variant in (rootfs_cache.RELEASES[release], "ct"):
         rootfs_cache.ensure_rootfs(variant, log)
     os.makedirs(PIDS, exist_ok=True)
     ensure_keys(nodes)
@@ -831,6 +873,11 @@ def cmd_status(args):
 
 def cmd_root(args):
     print(node_root())
+    return 0
+
+
+def cmd_release(args):
+    print(lab_release())
     return 0
 
 
@@ -1034,12 +1081,15 @@ def main(argv=None):
                        help="a fresh node whose modprobe.d does not blacklist nouveau (seed.py, KPGS_LAB_NOUVEAU)")
         p.add_argument("--nodes", type=int, default=1, choices=(1, 2),
                        help="2: a second node kpro7 (10.213.5.3, CT 131) next to kpro5, on the lab's own bridge")
+        p.add_argument("--release", choices=sorted(rootfs_cache.RELEASES),
+                       help="the Proxmox VE release of a fresh node (default: $KPGS_LAB_RELEASE, else pve8)")
     p = sub.add_parser("down")
     p.add_argument("--keep-disk", action="store_true", help="keep .run/kpro5/upper (the node's disk)")
     sub.add_parser("status")
     p = sub.add_parser("rebuild")
     p.add_argument("--lose-ct-disk", action="store_true", help="CT 129's disk is not restored (venv and model lost)")
     sub.add_parser("root")
+    sub.add_parser("release")
     p = sub.add_parser("exec")
     p.add_argument("argv", nargs=argparse.REMAINDER)
     sub.add_parser("reboot")
@@ -1067,6 +1117,7 @@ def main(argv=None):
         node_init()
         return 0
     return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "reset": cmd_reset, "root": cmd_root, "exec": cmd_exec,
+            "release": cmd_release,
             "reboot": cmd_reboot, "kernel-upgrade": cmd_kernel_upgrade, "rebuild": cmd_rebuild,
             "uvm-reload": cmd_uvm_reload, "publish-kernel": cmd_publish_kernel, "unpublish-kernel": cmd_unpublish_kernel, "secure-boot": cmd_secure_boot,
             "mok-enroll": cmd_mok_enroll, "mok-list": cmd_mok_list}[args.cmd](args)

@@ -1,13 +1,15 @@
-"""Build (once) and cache the lab's lower layers: Debian bookworm roots as a fresh install has them.
+"""Build (once) and cache the lab's lower layers: Debian roots as a fresh install has them.
 
-Two roots, each from a stock package list under ``tests/lab/stock/`` (the source of each list is
+Three roots, each from a stock package list under ``tests/lab/stock/`` (the source of each list is
 named in its header):
 
-* ``pve8``: the simulated node kpro5, the Debian part of a fresh Proxmox VE 8 install (no compiler,
-  no dkms, no python3-proxmoxer, no NVIDIA software);
-* ``ct``: container 129, Proxmox's stock ``debian-12-standard`` template.
+* ``pve8``: the simulated node kpro5, the Debian part of a fresh Proxmox VE 8 install (bookworm; no
+  compiler, no dkms, no python3-proxmoxer, no NVIDIA software);
+* ``pve9``: the same node as a fresh Proxmox VE 9 install (Debian 13 trixie, Python 3.13, apt sources in
+  deb822 files; no python3-requests either), for ``labctl.py up --release pve9``;
+* ``ct``: container 129, Proxmox's stock ``debian-12-standard`` template (on either release).
 
-Both start from one cached ``debootstrap --variant=minbase``. While a root is built, apt downloads
+Each starts from a cached ``debootstrap --variant=minbase`` of its suite. While a root is built, apt downloads
 (never installs) what the collection will install on it, resolved against that root's own package
 state, into ``apt-pool-<variant>/``: the lab's package mirror (tests/lab/aptrepo.py) serves those
 real Debian packages, so the collection's ``apt`` tasks install the real bytes with the real apt and
@@ -28,7 +30,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIRROR = "http://deb.debian.org/debian"
-SUITE = "bookworm"
+# The Debian suite of each root (the container is Debian 12 on either node release).
+SUITES = {"pve8": "bookworm", "ct": "bookworm", "pve9": "trixie"}
 STAMP_VERSION = "2"
 # The lab's package mirror (aptrepo.py, served by labsvc's file server on the controller side of the veth):
 # a root's apt sources, as a site with its own mirror has them. The node also has the Proxmox repository.
@@ -39,12 +42,28 @@ SOURCES = {
         "# kpro lab: Proxmox VE no-subscription through the lab's mirror (lab-built proxmox-headers-*)\n"
         "deb [trusted=yes] %s/pve ./\n" % APT_URL),
 }
-VARIANT_SOURCES = {"pve8": list(SOURCES), "ct": ["etc/apt/sources.list"]}
-VARIANTS = ("pve8", "ct")
+# PVE 9 keeps its sources in deb822 files (pve-manager a819411d, "move to deb822 format"; pve-docs
+# pve-package-repos.adoc: debian.sources, and proxmox.sources for pve-no-subscription) and has no sources.list. A flat
+# repository in deb822 is "Suites: ./" without Components. The Debian packages of trixie are their own repository.
+TRIXIE_SOURCES = {
+    "etc/apt/sources.list.d/debian.sources": (
+        "# kpro lab: Debian trixie through the lab's mirror\nTypes: deb\nURIs: %s/trixie\nSuites: ./\nTrusted: yes\n" % APT_URL),
+    "etc/apt/sources.list.d/proxmox.sources": (
+        "# kpro lab: Proxmox VE no-subscription through the lab's mirror (lab-built proxmox-headers-*)\n"
+        "Types: deb\nURIs: %s/pve\nSuites: ./\nTrusted: yes\n" % APT_URL),
+}
+VARIANT_SOURCES = {"pve8": list(SOURCES), "ct": ["etc/apt/sources.list"], "pve9": list(TRIXIE_SOURCES)}
+VARIANTS = ("pve8", "ct", "pve9")
+# The node's root of each lab release (labctl.py up --release); the container's root is "ct" for both.
+RELEASES = {"pve8": "pve8", "pve9": "pve9"}
+# The lab mirror's Debian repository of each suite (aptrepo.build_debian): the node and the container of one lab can
+# be of different suites, and apt must not mix them.
+REPO_OF_SUITE = {"bookworm": "debian", "trixie": "trixie"}
 # What the collection installs on each, from Debian (the Proxmox-only packages, proxmox-headers-*,
 # are lab-built stand-ins: aptrepo.py). python3-apt: ansible.builtin.apt installs it when missing.
 COLLECTION_PACKAGES = {
     "pve8": ["build-essential", "dkms", "python3-proxmoxer", "python3-requests", "python3-apt"],
+    "pve9": ["build-essential", "dkms", "python3-proxmoxer", "python3-requests", "python3-apt"],
     # gcc, g++ and python3-dev: the runtime toolchain sglang_install installs (Triton's C launcher, nvcc's host
     # compiler, the venv Python's headers; roles/sglang_install/defaults/main.yml sglang_install_runtime_packages)
     "ct": ["python3", "python3-apt", "python3-venv", "kmod", "ca-certificates", "gcc", "g++", "python3-dev"],
@@ -61,16 +80,23 @@ def stock_packages(variant):
         return [ln.split("#")[0].strip() for ln in f if ln.split("#")[0].strip()]
 
 
+def sources(variant):
+    """{path in the root: text} of the variant's apt sources."""
+    return {rel: (TRIXIE_SOURCES if SUITES[variant] == "trixie" else SOURCES)[rel] for rel in VARIANT_SOURCES[variant]}
+
+
 def _inputs_hash(variant):
-    inputs = "v%s %s | %s | %s | %s" % (STAMP_VERSION, SUITE, " ".join(stock_packages(variant)),
-                                        " ".join(COLLECTION_PACKAGES[variant]), SOURCES)
+    # the bookworm roots hash what they always did (their caches stay valid); trixie's its own sources
+    srcs = SOURCES if SUITES[variant] == "bookworm" else sources(variant)
+    inputs = "v%s %s | %s | %s | %s" % (STAMP_VERSION, SUITES[variant], " ".join(stock_packages(variant)),
+                                        " ".join(COLLECTION_PACKAGES[variant]), srcs)
     return hashlib.sha256(inputs.encode()).hexdigest()[:12]
 
 
 # The inputs' hash is in the names: checkouts with other lists (branches, CI) share the cache without
 # rebuilding each other's roots.
 def rootfs_dir(variant):
-    return os.path.join(cache_dir(), "rootfs-%s-%s-%s" % (SUITE, variant, _inputs_hash(variant)))
+    return os.path.join(cache_dir(), "rootfs-%s-%s-%s" % (SUITES[variant], variant, _inputs_hash(variant)))
 
 
 def pool_dir(variant):
@@ -78,7 +104,7 @@ def pool_dir(variant):
 
 
 def _stamp_text(variant):
-    return "kpgs-lab rootfs %s %s %s\n" % (SUITE, variant, _inputs_hash(variant))
+    return "kpgs-lab rootfs %s %s %s\n" % (SUITES[variant], variant, _inputs_hash(variant))
 
 
 def is_built(variant):
@@ -107,14 +133,14 @@ def _fresh(path):
         shutil.rmtree(path)
 
 
-def _minbase(log):
-    """debootstrap minbase, cached: the common start of both roots (~1 min, network)."""
-    final = os.path.join(cache_dir(), "debootstrap-%s-minbase" % SUITE)
+def _minbase(suite, log):
+    """debootstrap minbase of ``suite``, cached: the common start of its roots (~1 min, network)."""
+    final = os.path.join(cache_dir(), "debootstrap-%s-minbase" % suite)
     if os.path.isfile(os.path.join(final, ".kpgs-lab-stamp")):
         return final
     tmp = final + ".building"
     _fresh(tmp)
-    _run(["debootstrap", "--variant=minbase", SUITE, tmp, MIRROR], log)
+    _run(["debootstrap", "--variant=minbase", suite, tmp, MIRROR], log)
     with open(os.path.join(tmp, ".kpgs-lab-stamp"), "w") as f:
         f.write("minbase\n")
     _fresh(final)
@@ -125,7 +151,7 @@ def _minbase(log):
 def _build(variant, log):
     tmp = rootfs_dir(variant) + ".building"
     _fresh(tmp)
-    _run(["cp", "-a", _minbase(log), tmp], log)
+    _run(["cp", "-a", _minbase(SUITES[variant], log), tmp], log)
     os.unlink(os.path.join(tmp, ".kpgs-lab-stamp"))
     _write_policy_rc(tmp)  # no service starts inside the chroot (exit 101)
     script = "apt-get update -qq; apt-get install -y -qq --no-install-recommends %s; apt-get clean; " \
@@ -141,10 +167,12 @@ def _build(variant, log):
     # A fresh install has no lists from the lab's mirror; the lab's up runs apt-get update once on the node.
     shutil.rmtree(os.path.join(tmp, "var/lib/apt/lists"))
     os.makedirs(os.path.join(tmp, "var/lib/apt/lists/partial"))
-    for rel in VARIANT_SOURCES[variant]:
+    if SUITES[variant] == "trixie" and os.path.exists(os.path.join(tmp, "etc/apt/sources.list")):
+        os.unlink(os.path.join(tmp, "etc/apt/sources.list"))  # debootstrap's; a PVE 9 host has debian.sources
+    for rel, text in sources(variant).items():
         os.makedirs(os.path.dirname(os.path.join(tmp, rel)), exist_ok=True)
         with open(os.path.join(tmp, rel), "w") as f:
-            f.write(SOURCES[rel])
+            f.write(text)
     for name in os.listdir(os.path.join(tmp, "etc/ssh")) if os.path.isdir(os.path.join(tmp, "etc/ssh")) else []:
         if name.startswith("ssh_host_"):  # the lab brings its own host keys
             os.unlink(os.path.join(tmp, "etc/ssh", name))
@@ -160,7 +188,8 @@ def ensure_rootfs(variant, log=lambda m: print(m, file=sys.stderr)):
         if is_built(variant):
             return final
         t0 = time.time()
-        log("building the lab's %s root (debootstrap %s + tests/lab/stock/%s.txt) into %s" % (variant, SUITE, variant, final))
+        log("building the lab's %s root (debootstrap %s + tests/lab/stock/%s.txt) into %s" % (
+            variant, SUITES[variant], variant, final))
         tmp, pool = _build(variant, log)
         with open(os.path.join(tmp, ".kpgs-lab-stamp"), "w") as f:
             f.write(_stamp_text(variant))

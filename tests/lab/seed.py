@@ -1,7 +1,8 @@
 """The seed of the simulated node kpro5: its configuration files and its initial state.
 
 ``seed(root)`` writes, into a fresh node root (the overlay's upper layer before first
-boot), what a PVE 8 host that had its two RTX A6000 on vfio-pci for a VM looks like:
+boot), what a PVE 8 host (``release="pve9"``: a PVE 9.1 host, its kernels in KERNELS) that had its two RTX A6000
+on vfio-pci for a VM looks like:
 boot configuration (systemd-boot on ZFS, so /etc/kernel/cmdline + proxmox-boot-tool,
 and a GRUB default file as well), modprobe.d, /etc/modules, the guests' configs under
 /etc/pve, and ``var/lib/kpro-lab/state.json`` (the hardware; then a first boot).
@@ -16,6 +17,11 @@ sys.path.insert(0, os.path.join(HERE, "rootfs", "usr", "lib", "kpro-lab"))
 import labstate  # noqa: E402
 
 VFIO_IDS = "10de:2230,10de:1aef,1b21:1242"
+# The kernels each release's host has installed (the ISO's, then the one an update brought; the newest runs), with
+# their headers in the Proxmox repository. PVE 8: 8.2's ISO kernel 6.8.4-2 is long gone from the lab's story, the lab
+# keeps 6.8.12-4/-9 (labstate.initial_state). PVE 9: the 9.1 ISO's 6.17.2-1-pve (pve-kernel trixie-6.17 changelog,
+# 2025-10-21) and 6.17.13-2-pve (2026-03-13; "Proxmox VE 9.1 ... 6.17.13-2-pve", NVIDIA/open-gpu-kernel-modules #1143).
+KERNELS = {"pve8": ("6.8.12-4-pve", "6.8.12-9-pve"), "pve9": ("6.17.2-1-pve", "6.17.13-2-pve")}
 
 FILES = {
     "etc/hostname": "kpro5\n",
@@ -135,9 +141,12 @@ def seed_files(root, node=None, addr=None, vmid=None):
         pass
 
 
-def seed_state(root, node=None, vmid=None):
+def seed_state(root, node=None, vmid=None, release="pve8"):
     """The initial state: hardware, kernels installed (with initramfs/ESP as last refreshed), then a first boot."""
-    st = labstate.initial_state()
+    kernels = KERNELS[release]
+    st = labstate.initial_state(kernels[-1])
+    st["kernel"]["installed"] = list(kernels)
+    st["kernel"]["headers_available"] = list(kernels)
     if node:
         st["node"] = node
     if vmid:
@@ -154,9 +163,9 @@ def seed_state(root, node=None, vmid=None):
     return st
 
 
-def seed(root, node=None, addr=None, vmid=None):
+def seed(root, node=None, addr=None, vmid=None, release="pve8"):
     seed_files(root, node, addr, vmid)
-    return seed_state(root, node, vmid)
+    return seed_state(root, node, vmid, release)
 
 
 if __name__ == "__main__":

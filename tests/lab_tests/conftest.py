@@ -28,6 +28,11 @@ class Lab:
     ip = NODE_IP
 
     @property
+    def release(self):
+        """The node's Proxmox VE release (labctl.py up --release; the session's $KPGS_LAB_RELEASE, default pve8)."""
+        return labctl("release").stdout.strip()
+
+    @property
     def root(self):
         return labctl("root").stdout.strip()
 
@@ -60,13 +65,17 @@ def lab():
     if os.geteuid() != 0:
         pytest.skip("lab tests need root")
     # The tests start from a fresh node (a reset keeps nothing of an earlier run or demo),
-    # and leave the lab as they found it: down if it was down.
+    # and leave the lab as they found it: down if it was down. The node's release is $KPGS_LAB_RELEASE's (labctl
+    # reads it; unset: pve8): `make lab-test-pve9` runs the PVE 9 set with it.
     started = not lab_is_up()
+    found = None if started else labctl("release").stdout.strip()
     r = labctl("reset", check=False)
     assert r.returncode == 0, r.stderr + r.stdout
     yield Lab()
     if started:
         labctl("down")
+    elif found != Lab().release:  # a lab found up stays up, on the release it had (a fresh node of it)
+        labctl("reset", "--release", found)
 
 
 # Secrets must appear in no process's argv and no file: shared by the secrecy tests.

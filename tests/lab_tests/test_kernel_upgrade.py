@@ -21,8 +21,10 @@ from test_gpu_host_stage import ANSIBLE_PLAYBOOK, play, recap
 from test_serve_safety import ask, serving_now
 
 V = "580.126.09"
-NEW = "6.8.12-11-pve"       # published with its headers
-BARE = "6.8.12-12-pve"      # published without headers first
+# published with its headers / without headers first: the next releases after the node's (PVE 8: 6.8.12-9-pve; on a
+# PVE 9 node, KPGS_LAB_RELEASE=pve9, 6.17.13-2-pve; this file runs on PVE 8 in make test)
+NEXT_KERNELS = {"pve8": ("6.8.12-11-pve", "6.8.12-12-pve"), "pve9": ("6.17.13-3-pve", "6.17.13-4-pve")}
+NEW, BARE = NEXT_KERNELS[os.environ.get("KPGS_LAB_RELEASE") or "pve8"]
 CHECK = os.path.join(REPO, "playbooks", "pre-reboot-check.yml")
 KEY, CERT = "/root/kpro-mok/MOK.priv", "/root/kpro-mok/MOK.der"
 

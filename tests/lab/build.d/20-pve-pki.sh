@@ -127,7 +127,15 @@ except (OSError, IndexError):
     current = False
 if not current:
     put(auth.SHADOW_REL, "root:%s:\n" % auth.hash_password(cred["password"]), 0o600)
-put(auth.TOKENS_REL, "%s %s\n" % (cred["token_id"], cred["token_secret"]), 0o600)
+# token.cfg as PVE writes it (one "<tokenid> <secret>" line each, sorted): the lab's token set, the others kept
+tokens = {}
+try:
+    with open(os.path.join(pve, auth.TOKENS_REL)) as f:
+        tokens = dict(line.split() for line in f if len(line.split()) == 2)
+except OSError:
+    pass
+tokens[cred["token_id"]] = cred["token_secret"]
+put(auth.TOKENS_REL, "".join("%s %s\n" % (k, tokens[k]) for k in sorted(tokens)), 0o600)
 if not os.path.exists(os.path.join(pve, auth.KEY_REL)):
     put(auth.KEY_REL, secrets.token_hex(32) + "\n", 0o600)
 ucfg = os.path.join(pve, auth.USERCFG_REL)
@@ -136,6 +144,10 @@ try:
         text = f.read()
 except OSError:
     text = "user:root@pam:1:0:::root@%s.lab:::\n\n" % cred["node"]
+# The lab's token has no privilege separation (privsep 0): it has root@pam's rights, which the API stand-in's tests
+# use (config changes on a scratch CT, every path) and the lab's runs with other CT IDs too. The README's
+# least-privilege token (a role, a privilege-separated token, ACLs) is made by its own pveum commands in
+# tests/lab_tests/test_pve_token_privileges.py, which runs the preflight and the run with it.
 if "token:%s:" % cred["token_id"] not in text:
     text = text.rstrip("\n") + "\ntoken:%s:0:0:kpro lab ansible:\n\n" % cred["token_id"]
     put(auth.USERCFG_REL, text.lstrip("\n"), 0o640)

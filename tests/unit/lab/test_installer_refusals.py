@@ -397,16 +397,18 @@ def test_first_real_check_wins(host, first):
 @pytest.mark.parametrize("missing", ["/usr/sbin/dkms", "/usr/bin/tar"])
 def test_dkms_requested_but_missing_is_skipped_silently(host, missing):
     """580 registers with DKMS only where dkms(8) and tar(1) are: otherwise not a word, and the
-    module is not rebuilt when the kernel changes."""
+    module is not rebuilt when the kernel changes. Its sources and dkms.conf are installed all the same
+    (/usr/src/nvidia-<version>, files.c:551-561), the installer's own files."""
     drop(host, missing)
     r = install(host, *HOST)
     assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
     assert "DKMS" not in log(host)
     st = host.state()
     assert st["nvidia"]["installed"]["dkms"] is False and st["nvidia"]["kernel_modules"][RELEASE]["dkms"] is False
-    assert not os.path.exists(host.p("/var/lib/dkms/nvidia")) and not os.path.exists(host.p("/usr/src/nvidia-" + VERSION))
+    assert not os.path.exists(host.p("/var/lib/dkms/nvidia"))
     assert os.path.exists(host.p("/lib/modules/%s/kernel/drivers/video/nvidia.ko" % RELEASE))
-    assert "OPT dkms=0\n" in open(host.p("/var/lib/nvidia/log")).read()
+    manifest = open(host.p("/var/lib/nvidia/log")).read()
+    assert "OPT dkms=0\n" in manifest and "FILE /usr/src/nvidia-%s/dkms.conf\n" % VERSION in manifest
 
 
 @pytest.mark.parametrize("flag, answer", [("--dkms", "Yes"), (None, "Yes"), ("--no-dkms", "No")])

@@ -47,7 +47,8 @@ def test_unavailable_failure_names_the_repository_per_package():
     err = fixture("sim-noheaders.err")
     f = debpkg.unavailable_failure(["proxmox-headers-6.8.12-9-pve", "dkms"], err, refreshed=True)
     assert f.phase == "packages_unavailable" and "after apt-get update" in f.msg
-    assert "pve-no-subscription" in f.remedy and "Debian's bookworm main" in f.remedy
+    assert "pve-no-subscription" in f.remedy and "Debian's main repository of the host's release" in f.remedy \
+        and "trixie in /etc/apt/sources.list.d/debian.sources on PVE 9" in f.remedy
     assert f.evidence[0] == "E: Unable to locate package proxmox-headers-6.8.12-9-pve"
 
 

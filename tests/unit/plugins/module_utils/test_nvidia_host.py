@@ -15,7 +15,8 @@ PARAMS = dict(version="580.126.09", mode="host", state="present", installer_path
               installer_checksum=None, download_dir="/nonexistent", kernel_module_type="open", dkms=True,
               install_headers=False, persistenced=True, device_nodes_unit=True, expected_gpu_count=None,
               expected_gpu_name=None, module_signing_key=None, module_signing_cert=None, proc_root="/nonexistent/proc",
-              efivars_dir="/nonexistent/efivars", systemd_dir="/nonexistent/systemd", timeout=10)
+              efivars_dir="/nonexistent/efivars", systemd_dir="/nonexistent/systemd", timeout=10,
+              dkms_framework_conf="/nonexistent/dkms/framework.conf")
 
 
 class FakeModule(object):
@@ -97,7 +98,7 @@ def test_installer_failure_says_why_from_its_output_and_its_log(monkeypatch, tmp
 
 
 def test_phase_secure_boot_unsigned_module(monkeypatch):
-    monkeypatch.setattr(nh.ni, "plan_host", lambda *a: ("install", "no driver"))
+    monkeypatch.setattr(nh.ni, "plan_host", lambda *a, **kw: ("install", "no driver"))
     monkeypatch.setattr(nh.ni, "secure_boot_enabled", lambda efivars: True)
     e = raised(nh.Driver(FakeModule()).host)
     assert e.phase == "secure_boot_unsigned_module" and "Secure Boot" in e.msg
@@ -128,22 +129,20 @@ def test_units_written_are_returned_as_a_diff_in_check_mode_too(tmp_path):
 def test_host_returns_would_change(monkeypatch, check_mode, unit_changes, would_change):
     m = FakeModule()
     m.check_mode = check_mode
-    out = {}
-    m.exit_json = lambda **kw: out.update(kw)
     d = nh.Driver(m)
-    monkeypatch.setattr(nh.ni, "plan_host", lambda *a: ("none", "installed"))
+    monkeypatch.setattr(nh.ni, "plan_host", lambda *a, **kw: ("none", "installed"))
     monkeypatch.setattr(nh.ni, "secure_boot_enabled", lambda efivars: False)
     kernels = type("K", (), {"report": [], "next_boot": None})()
     for name, fn in dict(checked_version=lambda: "580.126.09", kernel_release=lambda: "6.8.12-9-pve",
                          loaded=lambda: {"version": "580.126.09"}, dkms_entries=lambda: [], nvml=lambda: {},
                          verify=lambda facts: None,
-                         every_kernel=lambda: kernels).items():
+                         every_kernel=lambda secure, key: kernels).items():
         monkeypatch.setattr(d, name, fn)
 
     def ensure_unit(name, content):
         d.changed = d.changed or unit_changes
     monkeypatch.setattr(d, "ensure_unit", ensure_unit)
-    d.host()
+    out = d.host()   # the result, for the module's main to end with
     assert out["would_change"] is would_change and out["changed"] is unit_changes and out["action"] == "none"
 
 
@@ -179,3 +178,67 @@ def test_dkms_status_is_read_once_until_a_command_changes_the_host():
     d.run(["dkms", "install", "-m", "nvidia", "-v", "580.126.09", "-k", "6.8.12-10-pve"])
     d.dkms_entries()
     assert [a[:2] for a in m.ran].count(["/usr/sbin/dkms", "status"]) == 2     # read again after the change
+
+
+class Host(FakeModule):
+    """modinfo shows ``signer`` (None: unsigned), dkms status ``dkms``; framework.conf as each dkms install found it."""
+
+    def __init__(self, tmp, signer=None, dkms="", **params):
+        super(Host, self).__init__(dkms_framework_conf=str(tmp / "framework.conf"), all_kernels=False, persistenced=False,
+                                   device_nodes_unit=False, **params)
+        self.signer, self.dkms, self.conf_at_install, self.out = signer, dkms, [], {}
+
+    def get_bin_path(self, name, required=False):
+        return "/usr/sbin/" + name
+
+    def run_command(self, argv, environ_update=None):
+        self.ran.append(argv)
+        tool = os.path.basename(argv[0])
+        if tool == "modinfo":
+            sig = "signer: %s\nsig_key: %s\n" % self.signer if self.signer else ""
+            return 0, "filename: /lib/modules/%s/updates/dkms/nvidia.ko\nversion: 580.126.09\n%s" % (argv[2], sig), ""
+        if tool == "dkms" and argv[1] == "status":
+            return 0, self.dkms, ""
+        if tool == "dkms" and argv[1] == "install":
+            self.conf_at_install.append(open(self.params["dkms_framework_conf"]).read())
+        return 0, "", ""
+
+
+def run_host(monkeypatch, m, loaded, secure=True):
+    d = nh.Driver(m)
+    monkeypatch.setattr(nh.ni, "secure_boot_enabled", lambda efivars: secure)
+    for name, fn in dict(kernel_release=lambda: "6.8.12-11-pve", loaded=lambda: loaded, nvml=lambda: {},
+                         verify=lambda facts: None, ensure_headers=lambda kernel: None).items():
+        monkeypatch.setattr(d, name, fn)
+    m.out.update(d.host())   # host() returns the result; the module's main ends the module with it
+    return [a[1:] for a in m.ran if os.path.basename(a[0]) in ("dkms", "modprobe") and a[1] != "status"]
+
+
+def test_secure_boot_dkms_names_the_enrolled_key_before_the_refused_module_is_built_again(monkeypatch, tmp_path):
+    """Secure Boot came after the driver: DKMS's hook built the new kernel's module with its own key, the kernel refused
+    it at boot. framework.conf names the enrolled key before anything is built, and the module is built again (remove,
+    then install) rather than only loaded (modprobe: Key was rejected by service)."""
+    from test_module_signing import SERIAL, make_cert
+    (tmp_path / "MOK.der").write_bytes(make_cert("kpro MOK", SERIAL)[0])
+    m = Host(tmp_path, signer=("DKMS module signing key", "3F:01"), dkms="nvidia/580.126.09, 6.8.12-11-pve, x86_64: installed\n",
+             module_signing_key="/root/MOK.priv", module_signing_cert=str(tmp_path / "MOK.der"))
+    ran = run_host(monkeypatch, m, None)
+    assert m.out["action"] == "resign_module" and m.out["changed"]
+    assert ran[:2] == [["remove", "-m", "nvidia", "-v", "580.126.09", "-k", "6.8.12-11-pve"],
+                       ["install", "--force", "-m", "nvidia", "-v", "580.126.09", "-k", "6.8.12-11-pve"]]
+    assert ["nvidia"] in ran
+    assert "mok_signing_key=/root/MOK.priv\nmok_certificate=%s" % (tmp_path / "MOK.der") in m.conf_at_install[0]
+
+
+def test_driver_loaded_but_unknown_to_dkms_is_registered_from_its_sources(monkeypatch, tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "dkms.conf").write_text('PACKAGE_NAME="nvidia"\n')
+    monkeypatch.setattr(nh.ni, "module_sources", lambda version: str(tmp_path / "src"))
+    (tmp_path / "framework.conf").write_text("")
+    m = Host(tmp_path)
+    ran = run_host(monkeypatch, m, {"version": "580.126.09"}, secure=False)
+    assert m.out["action"] == "register_dkms" and m.out["changed"]
+    # no DKMS entry for the kernel: nothing to remove; --force past check_version_sanity's refusal of the same version
+    assert ran[0] == ["install", "--force", "-m", "nvidia", "-v", "580.126.09", "-k", "6.8.12-11-pve"]
+    m = Host(tmp_path, dkms="nvidia/580.126.09, 6.8.12-11-pve, x86_64: installed\n")
+    assert run_host(monkeypatch, m, {"version": "580.126.09"}, secure=False) == [] and m.out["action"] == "none"

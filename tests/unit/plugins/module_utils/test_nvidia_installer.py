@@ -32,6 +32,37 @@ def test_plan_host(loaded, dkms, expected):
     assert reason
 
 
+V, K = "580.126.09", "6.8.12-9-pve"
+LOADED = {"version": V, "type": "open"}
+
+
+def entry(state, kernel=K):
+    return {"module": "nvidia", "version": V, "kernel": kernel, "state": state}
+
+
+@pytest.mark.parametrize("loaded,dkms,inputs,expected", [
+    # installed by hand without --dkms: loaded (or, after a reboot, on disk), DKMS knows nothing
+    (LOADED, [], dict(on_disk=V), "register_dkms"),
+    (None, [], dict(on_disk=V), "register_dkms"),
+    # DKMS added and built it, then refused to install it over the installer's copy (check_version_sanity)
+    (LOADED, [entry("built")], dict(on_disk=V), "register_dkms"),
+    (LOADED, [entry("installed")], dict(on_disk=V), "none"),
+    # the installer's sources are gone (--no-kernel-module-source): the installer again, with --dkms
+    (LOADED, [], dict(on_disk=V, sources=False), "install"),
+    (LOADED, [], dict(on_disk=V, dkms=False), "none"),                 # DKMS not wanted
+    ({"version": "570.148.08"}, [], dict(on_disk="570.148.08"), "install"),
+    # Secure Boot: the module is there for the kernel, signed by a key the kernel refuses
+    (None, [entry("installed")], dict(on_disk=V, wrong_key=True), "resign_module"),
+    (LOADED, [entry("installed")], dict(on_disk=V, wrong_key=True), "none"),   # loaded: every_kernel re-signs on disk
+    (None, [entry("built")], dict(), "rebuild_module"),   # built, not installed: modprobe would not find it
+])
+def test_plan_host_states(loaded, dkms, inputs, expected):
+    action, reason = ni.plan_host(V, loaded, dkms, K, True, **inputs)
+    assert action == expected, reason
+    if action == "register_dkms":
+        assert "/usr/src/nvidia-%s" % V in reason and K in reason
+
+
 def test_plan_userspace():
     assert ni.plan_userspace("580.126.09", "580.126.09", None)[0] == "none"
     assert ni.plan_userspace("580.126.09", None, "library_not_found")[0] == "install"

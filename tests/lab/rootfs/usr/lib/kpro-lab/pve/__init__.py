@@ -13,7 +13,9 @@ Modules:
   pid/pstart so "running" means what it means on PVE);
 - :mod:`pve.guests`  guest state (labstate ``guests`` section), ``ct_start``/``ct_stop`` and
   the container runtime hook (``pve/ct_runtime.py``, optional);
-- :mod:`pve.auth`    root@pam password, API tokens, tickets and CSRF tokens.
+- :mod:`pve.auth`    root@pam password, API tokens, tickets and CSRF tokens;
+- :mod:`pve.access`  user.cfg's users, tokens, roles and ACLs, and the permission checks of every
+  handler (pve-access-control's model; ``pveum`` in :mod:`pve.cli`).
 
 All paths are relative to the node root: ``$KPRO_LAB_ROOT`` or ``/`` (as labstate).
 """
@@ -22,7 +24,21 @@ import os
 import socket
 
 DEFAULT_NODE = "kpro5"
-PVE_VERSION = {"version": "8.4.1", "release": "8.4", "repoid": "2a5fa54a8503f96d", "console": "xtermjs"}
+# The node's Debian release decides its Proxmox VE (labctl.py up --release pve9 is a Debian 13 root). repoid: the
+# pve-manager commit "bump version to <version>" (github.com/proxmox/pve-manager 2a5fa54a8503f96d, f4d3f125ffae50e9).
+PVE_VERSIONS = {"12": {"version": "8.4.1", "release": "8.4", "repoid": "2a5fa54a8503f96d", "console": "xtermjs"},
+                "13": {"version": "9.1.1", "release": "9.1", "repoid": "f4d3f125ffae50e9", "console": "xtermjs"}}
+
+
+def _debian_major():
+    try:
+        with open(os.path.join(os.environ.get("KPRO_LAB_ROOT") or "/", "etc/debian_version")) as f:
+            return f.read().strip().split(".")[0]
+    except OSError:
+        return "12"
+
+
+PVE_VERSION = PVE_VERSIONS.get(_debian_major(), PVE_VERSIONS["12"])
 
 
 class PVEError(Exception):

@@ -3,9 +3,11 @@
 Files (written by tests/lab/build.d/20-pve-pki.sh; all under /etc/pve):
 - ``priv/kpro-lab-pam.shadow``: ``<user>:<hash>:`` lines, the lab's stand-in for PAM's
   /etc/shadow (hash: ``$pbkdf2-sha256$<iterations>$<salt hex>$<digest hex>``);
-- ``priv/token.cfg``: ``<user>@<realm>!<name> <secret>`` (PVE's own format);
-- ``user.cfg``: ``token:<tokenid>:<expire>:<privsep>:<comment>:`` lines (PVE's format; a token
-  with privsep=1 and no ACLs gets no privileges);
+- ``priv/token.cfg``: ``<user>@<realm>!<name> <secret>`` (PVE's own format, pve-access-control
+  src/PVE/TokenConfig.pm);
+- ``user.cfg``: the users and their ``token:`` lines (read by :mod:`pve.access`, which also checks
+  what a token may do); a token is accepted only when its user is enabled and user.cfg has it,
+  unexpired (pve-access-control 8.2.2 src/PVE/AccessControl.pm verify_token, :474-502);
 - ``priv/kpro-lab-ticket.key``: the key that signs tickets and CSRF tokens (authkey stand-in).
 
 Tickets: ``PVE:<user>:<hex time>::<signature>``, valid two hours; CSRF tokens
@@ -19,6 +21,7 @@ import os
 import secrets
 import sys
 import time
+import uuid
 
 import pve
 from pve import PVEError
@@ -139,12 +142,52 @@ def verify_csrf_token(username, token):
         raise AuthError("Permission denied - invalid csrf token")
 
 
-def token_privsep(tokenid):
-    for line in _read(USERCFG_REL).splitlines():
-        parts = line.split(":")
-        if len(parts) >= 4 and parts[0] == "token" and parts[1] == tokenid:
-            return parts[3] == "1"
-    return False
+def _token_known(tokenid):
+    """AccessControl.pm verify_token (:489-497): the user is enabled and not expired, user.cfg has the token,
+    and it has not expired."""
+    from pve import access
+    tok = access.split_tokenid(tokenid)
+    cfg = access.load()
+    user = cfg.users.get(tok[0]) if tok else None
+    info = cfg.token(tokenid)
+    now = time.time()
+    return bool(user and user.get("enable") and not (user.get("expire") and user["expire"] < now)
+                and info is not None and not (info.get("expire") and info["expire"] < now))
+
+
+def _token_values():
+    values = {}
+    for line in _read(TOKENS_REL).splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            values[parts[0]] = parts[1]
+    return values
+
+
+def add_token(tokenid):
+    """PVE::TokenConfig::generate_token (src/PVE/TokenConfig.pm:47-66): a new UUID for ``tokenid`` in
+    priv/token.cfg; returns the secret."""
+    values = _token_values()
+    values[tokenid] = str(uuid.uuid4())
+    _write_tokens(values)
+    return values[tokenid]
+
+
+def remove_token(tokenid):
+    """PVE::TokenConfig::delete_token (src/PVE/TokenConfig.pm:68-80)."""
+    values = _token_values()
+    values.pop(tokenid, None)
+    _write_tokens(values)
+
+
+def _write_tokens(values):
+    """priv/token.cfg as its writer makes it (src/PVE/TokenConfig.pm:34-43): one line a token, sorted."""
+    path = pve.pve_dir(TOKENS_REL)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join("%s %s\n" % (k, values[k]) for k in sorted(values)))
+    os.rename(tmp, path)
 
 
 def verify_api_token(value):
@@ -157,7 +200,7 @@ def verify_api_token(value):
         raise AuthError("Authentication failed!")
     for line in _read(TOKENS_REL).splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0] == tokenid and hmac.compare_digest(parts[1], secret):
+        if len(parts) == 2 and parts[0] == tokenid and hmac.compare_digest(parts[1], secret) and _token_known(tokenid):
             return tokenid
     raise AuthError("Authentication failed!")
 

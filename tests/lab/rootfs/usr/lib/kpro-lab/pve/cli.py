@@ -1,4 +1,4 @@
-"""pvesh, pct and qm front ends over :mod:`pve.api`, acting as root@pam (setup_default_cli_env).
+"""pvesh, pct, qm and pveum front ends over :mod:`pve.api`, acting as root@pam (setup_default_cli_env).
 
 Exit codes and streams follow PVE's CLI: a ``die`` prints its message (``<code> <msg>`` plus
 ``<param>: <error>`` lines for PVE::Exception) on stderr and exits 255; workers run
@@ -312,6 +312,129 @@ def _pct_exec(args):
     except OSError as e:
         sys.stderr.write("lxc-attach: %s: %s\n" % (argv[0], e.strerror))
         return 255
+
+
+# ---- pveum (the subset the README's token setup uses) ------------------------------------------------------------
+# pve-access-control 8.2.2 src/PVE/CLI/pveum.pm $cmddef: each command is an API method with these positional
+# arguments; the rest are options. Output as pve-common 8.3.1 src/PVE/CLIFormatter.pm prints it.
+
+PVEUM = {
+    ("role", "add"): ("POST", "/access/roles", ("roleid",), {}),
+    ("user", "token", "add"): ("POST", "/access/users/{userid}/token/{tokenid}", ("userid", "tokenid"), {}),
+    ("user", "token", "permissions"): ("GET", "/access/permissions", ("userid", "tokenid"), {}),
+    ("user", "token", "remove"): ("DELETE", "/access/users/{userid}/token/{tokenid}", ("userid", "tokenid"), {}),
+    ("user", "token", "delete"): ("DELETE", "/access/users/{userid}/token/{tokenid}", ("userid", "tokenid"), {}),
+    ("user", "permissions"): ("GET", "/access/permissions", ("userid",), {}),
+    ("acl", "modify"): ("PUT", "/access/acl", ("path",), {"delete": "0"}),
+    ("acl", "delete"): ("PUT", "/access/acl", ("path",), {"delete": "1"}),
+}
+PVEUM_BOOLEANS = {"privsep", "propagate", "delete", "noborder", "noheader", "human-readable", "quiet"}
+
+
+def pveum(argv):
+    words = tuple(argv[:3])
+    cmd = next((k for k in sorted(PVEUM, key=len, reverse=True) if words[:len(k)] == k), None)
+    if cmd is None:
+        sys.stderr.write("pveum %s: not available in the lab (role add, user token add|remove|permissions, user "
+                         "permissions, acl modify|delete)\n" % " ".join(argv[:3]))
+        return 255
+    method, path, positional, fixed = PVEUM[cmd]
+    usage = "pveum %s %s [OPTIONS]" % (" ".join(cmd), " ".join("<%s>" % a for a in positional))
+    try:
+        pos, opts, _rest = parse_options(argv[len(cmd):], PVEUM_BOOLEANS)
+    except Usage as e:
+        sys.stderr.write("%s\n400 unable to parse option\n%s\n" % (e, usage))
+        return 255
+    if len(pos) < len(positional):
+        sys.stderr.write("400 not enough arguments\n%s\n" % usage)
+        return 255
+    fmt = opts.pop("output-format", "text")
+    params = dict(zip(positional, pos), **opts)
+    params.update(fixed)
+    if cmd == ("user", "token", "permissions"):  # pveum.pm token_permissions: userid!tokenid
+        params["userid"] = "%s!%s" % (params["userid"], params.pop("tokenid"))
+    for key in [k for k in params if k in ("noborder", "noheader", "human-readable", "quiet")]:
+        params.pop(key)
+    try:
+        data, _a = api.call(method, path.format(**params), params, user=CLI_USER, cli=True)
+    except PVEError as e:
+        if _unknown_option(e, usage):
+            return 255
+        return _die(e)
+    if cmd[-1] == "permissions":
+        _print_perm_result(data, fmt, opts)
+    elif data is not None:
+        _print_object(data, fmt, opts)
+    return 0
+
+
+def _terminal_utf8():
+    """CLIFormatter query_terminal_options (:35-51): UTF-8 borders when the locale's codeset is UTF-8."""
+    import locale
+    try:
+        locale.setlocale(locale.LC_CTYPE, "")
+    except locale.Error:
+        return False
+    return locale.nl_langinfo(locale.CODESET) == "UTF-8"
+
+
+def _text(value):
+    """CLIFormatter data_to_text (:54-84): references as canonical JSON."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return "" if value is None else str(value)
+
+
+def _rule(width, left, fill, cross, right):
+    return left + cross.join(fill * (w + 2) for w in width) + right
+
+
+def print_text_table(rows, props, titles, opts):
+    """CLIFormatter print_text_table (:99-307) for string columns, sorted by the first."""
+    utf8, border = _terminal_utf8(), opts.get("noborder") in (None, "0")
+    rows = sorted(rows, key=lambda r: r[props[0]])
+    cells = [[_text(r[p]).split("\n") for p in props] for r in rows]
+    width = [max([len(titles[i])] + [len(line) for row in cells for line in row[i]]) for i in range(len(props))]
+    if not border:
+        fmt = " ".join("%%-%ds" % w for w in width[:-1]) + (" %s" if len(props) > 1 else "%s")
+        t = m = h = None
+    elif utf8:
+        fmt = "│ " + " │ ".join("%%-%ds" % w for w in width) + " │"
+        t, h, m, b_ = [_rule(width, *chars) for chars in ("┌─┬┐", "╞═╪╡", "├─┼┤", "└─┴┘")]
+    else:
+        fmt = "| " + " | ".join("%%-%ds" % w for w in width) + " |"
+        m = "+" + "+".join("-" * (w + 2) for w in width) + "+"
+        t = b_ = m
+        h = "+" + "+".join("=" * (w + 2) for w in width) + "+"
+    out = [t] if border else []
+    header = opts.get("noheader") in (None, "0")
+    if header:
+        out.append(fmt % tuple(titles))
+    for i, row in enumerate(cells):
+        if border and (i or header):
+            out.append(h if i == 0 and header else m)
+        for j in range(max(len(c) for c in row)):
+            out.append(fmt % tuple(c[j] if j < len(c) else "" for c in row))
+    if border:
+        out.append(b_)
+    sys.stdout.write("".join(line + "\n" for line in out))
+
+
+def _print_object(data, fmt, opts):
+    """CLIFormatter print_api_result (:364-447): an object as a key/value table, or JSON."""
+    if fmt != "text":
+        return _print_result(data, fmt)
+    print_text_table([{"key": k, "value": v} for k, v in data.items()], ["key", "value"], ["key", "value"], opts)
+
+
+def _print_perm_result(data, fmt, opts):
+    """pveum.pm $print_perm_result: one row per path, its privileges one a line, '(*)' when propagated."""
+    if fmt != "text":
+        return _print_result(data, fmt)
+    rows = [{"path": p, "permissions": "\n".join(priv + (" (*)" if data[p][priv] else "") for priv in sorted(data[p]))}
+            for p in sorted(data)]
+    print_text_table(rows, ["path", "permissions"], ["ACL path", "Permissions"], opts)
+    sys.stdout.write("Permissions marked with '(*)' have the 'propagate' flag set.\n")
 
 
 # ---- qm (read-only) ------------------------------------------------------------------------------
