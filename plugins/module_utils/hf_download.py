@@ -61,7 +61,8 @@ def _remote_listing(module, client, repo_id, revision, commit, local_dir):
 
 
 def watch(module, p, local_dir, progress_file):
-    """Watch mode (O(job)): the async job's result when it finished, else whether it is still alive."""
+    """Watch mode (O(job)): the async job's result when it finished (its failure raised again), else whether it is still
+    alive."""
     state = hf.job_state(p["job"], local_dir)
     for _i in range(5):  # between releasing the lock and writing its result a job looks gone: look again
         if state["state"] != "gone":
@@ -73,9 +74,9 @@ def watch(module, p, local_dir, progress_file):
     if state["state"] != "finished":
         prog = hf.load_json(progress_file, {}) or {}
         # progress: shown on each retry of the wait at default verbosity (the callback kpro.gpu_serving.progress)
-        module.exit_json(changed=False, finished=False, job_state=state["state"], holder=state.get("holder"),
-                         bytes_done=prog.get("bytes_done"), bytes_total=prog.get("bytes_total"), path=local_dir,
-                         progress=hf.progress_line(prog))
+        return dict(changed=False, finished=False, job_state=state["state"], holder=state.get("holder"),
+                    bytes_done=prog.get("bytes_done"), bytes_total=prog.get("bytes_total"), path=local_dir,
+                    progress=hf.progress_line(prog))
     res = dict(state["result"], finished=True)
     for k in ("ansible_job_id", "results_file", "started", "invocation", "_ansible_no_log", "deprecations"):
         res.pop(k, None)
@@ -84,12 +85,15 @@ def watch(module, p, local_dir, progress_file):
     with contextlib.suppress(OSError):
         os.unlink(p["job"])
     if res.get("failed"):
-        module.fail_json(**res)
-    module.exit_json(**res)
+        # the job's own failure, read back as data (its known_failure); one without (an unexpected error) as it said it
+        details = dict((k, v) for k, v in res.items() if k not in ("phase", "msg", "evidence", "remedy", "known_failure", "failed"))
+        raise Failure.from_result(dict(res, phase=res.get("phase") or "download_failed"), **details)
+    return res
 
 
 def run(module, p, token, local_dir, progress_file):
-    """One download run (not O(job)): the listing (cached for a pinned commit), the local check, the download."""
+    """One download run (not O(job)): the listing (cached for a pinned commit), the local check, the download; returns the
+    module's result."""
     endpoint = (p["endpoint"] or "https://huggingface.co").rstrip("/")
     repo_id, revision = p["repo_id"], p["revision"]
     pinned = hf.is_commit(revision)
@@ -134,7 +138,7 @@ def run(module, p, token, local_dir, progress_file):
         result["_mismatch"] = []
         statuses = _check_local(local_dir, entries, markers, verify, result, full=p["verify_full"])
     result["resolved_revision"] = commit
-    _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, markers, progress_file, result, fail)
+    return _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, markers, progress_file, result, fail)
 
 
 def _offline(local_dir, repo_id, commit, p, markers, verify, result):
@@ -177,7 +181,7 @@ def _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, mar
     if result["_markers_changed"] and not module.check_mode:
         hf.save_markers(local_dir, markers)
     result["verified"] = _count_verified(local_dir, entries, markers)
-    module.exit_json(**dict((k, v) for k, v in result.items() if not k.startswith("_")))
+    return dict((k, v) for k, v in result.items() if not k.startswith("_"))
 
 
 def _previous(module, p, repo_id, commit, local_dir, markers, pl, free, result):

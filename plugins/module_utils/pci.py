@@ -162,6 +162,43 @@ def is_display_class(pci_class):
     return c.startswith("03")
 
 
+# The functions a GPU id may name: VGA (0300) or 3D (0302) controllers of NVIDIA, the two classes NVIDIA's GPUs have
+# (the PCI code and ID assignment spec); the other functions of their slot (HDMI audio) and group come along unnamed.
+GPU_CLASSES = ("0300", "0302")
+
+
+def _class4(pci_class):
+    c = (pci_class or "").lower()
+    return (c[2:] if c.startswith("0x") else c)[:4]
+
+
+def _functions_text(funcs):
+    return ", ".join("%s at %s (%s, class %s)" % (d["id"], d["bdf"], d.get("class_name") or "unknown class", _class4(d["class"]))
+                     for d in funcs)
+
+
+def gpu_id_problems(ids, devices):
+    """Why each of ``ids`` (normalized ``vendor:device``) cannot name a GPU on the host whose functions are
+    ``devices`` (:func:`list_devices`): not NVIDIA's (vendor 10de), on no function of the host, or on a function
+    that is not a display/3D controller. [] when all of them name GPUs."""
+    gpus = [d for d in devices if d["vendor"] == NVIDIA_VENDOR and _class4(d["class"]) in GPU_CLASSES]
+    out = []
+    for i in ids:
+        funcs = [d for d in devices if d["id"] == i]
+        if not i.startswith(NVIDIA_VENDOR + ":"):
+            why = "vendor %s is not NVIDIA's (10de)%s" % (i.split(":")[0], ("; it is " + _functions_text(funcs)) if funcs else "")
+        elif not funcs:
+            why = "no PCI function of this host has this id (an unknown NVIDIA id)"
+        elif any(_class4(d["class"]) not in GPU_CLASSES for d in funcs):
+            why = "it is %s, not a display/3D controller (class 0300/0302)" % _functions_text(funcs)
+        else:
+            continue
+        out.append("%s: %s" % (i, why))
+    if out:
+        out.append("the host's NVIDIA GPUs: %s" % (_functions_text(gpus) or "none"))
+    return out
+
+
 def nouveau_matches(dev):
     """Whether nouveau's PCI table matches ``dev`` (a :func:`read_device` dict): a probe would give it to nouveau."""
     return dev.get("vendor") in NOUVEAU_VENDORS and is_display_class(dev.get("class"))

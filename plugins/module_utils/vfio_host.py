@@ -40,7 +40,13 @@ def select(ids, include_group, sysfs_root):
         wanted = sorted(bootcfg.norm_ids(ids))
     except ValueError as e:
         raise Failure("bad_input", "ids: %s" % e, remedy="Give PCI vendor:device ids such as 10de:2230.")
-    selected = pci.select_gpus(pci.list_devices(sysfs_root), ids=wanted or None, include_group=include_group)
+    devices = pci.list_devices(sysfs_root)
+    problems = pci.gpu_id_problems(wanted, devices)  # a NIC's id would hand the NIC over: refused before anything
+    if problems:
+        raise Failure("bad_input", "ids: %s" % "; ".join(problems),
+                      remedy="Give the vendor:device ids of the NVIDIA GPUs in gpu_host_vendor_device_ids (`lspci -nn -d "
+                      "10de::0300` and `lspci -nn -d 10de::0302` list them), or none for every NVIDIA GPU; nothing was changed.")
+    selected = pci.select_gpus(devices, ids=wanted or None, include_group=include_group)
     managed = sorted(set(wanted) | set(d["id"] for d in selected))
     return wanted, selected, managed
 

@@ -56,6 +56,13 @@ options:
         C(<local_dir>/.cache/).
     type: path
     required: true
+  root:
+    description:
+      - "The models' root. O(local_dir)'s real path (symlinks resolved on the target) must lie under this directory's
+        real path, and never under a system directory (C(/etc), C(/usr), C(/lib*), C(/run), ...): a model directory
+        that leads elsewhere is refused before anything is written. Omitted, only the system directories are refused."
+      - O(local_dir) with a C(..) component is refused too.
+    type: path
   endpoint:
     description:
       - The hub's base URL. Defaults to the C(HF_ENDPOINT) environment variable of the target, else
@@ -311,6 +318,7 @@ from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf_download as hd
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import names
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail as failure_fail
 
 
@@ -320,6 +328,7 @@ def main():
             repo_id=dict(type="str", required=True),
             revision=dict(type="str", required=True),
             local_dir=dict(type="path", required=True),
+            root=dict(type="path"),
             endpoint=dict(type="str", fallback=(env_fallback, ["HF_ENDPOINT"])),
             token=dict(type="str", no_log=True, fallback=(env_fallback, ["HF_TOKEN"])),
             token_file=dict(type="path"),
@@ -341,33 +350,38 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if p["deployment_unit"]:
-        p["keep_revision"] = dp.good_model_revision(p["deployment_unit"])
-    try:  # first: the token file must not outlive this process, whatever fails next
-        token = hf.read_token_file(p["token_file"]) if p["token_file"] and not p["job"] else (p["token"] or None)
-    except Failure as f:
-        failure_fail(module, f, path=p["local_dir"])
-    bad = hf.check_local_dir(p["local_dir"]) or ("max_workers must be at least 1" if p["max_workers"] < 1 else None)
-    if bad:
-        failure_fail(module, Failure("model_input", bad), path=p["local_dir"])
-    local_dir = os.path.normpath(p["local_dir"])
-    progress_file = p["progress_file"] or os.path.join(local_dir, hf.PROGRESS_FILE)
-    lock = None
+    local_dir, lock = p["local_dir"], None
     try:
+        # first: the token file must not outlive this process, whatever fails next
+        token = hf.read_token_file(p["token_file"]) if p["token_file"] and not p["job"] else (p["token"] or None)
+        bad = hf.check_local_dir(p["local_dir"]) or ("max_workers must be at least 1" if p["max_workers"] < 1 else None)
+        if bad:
+            raise Failure("model_input", bad)
+        # before anything is read or written: the record's file is named after the unit, the model goes to local_dir
+        wrong = (names.unit_name_problem(p["deployment_unit"], "deployment_unit") if p["deployment_unit"] else None) or (
+            names.model_dir_problem(p["local_dir"], p["root"]))
+        if wrong:
+            raise wrong
+        if p["deployment_unit"]:
+            p["keep_revision"] = dp.good_model_revision(p["deployment_unit"])
+        local_dir = os.path.normpath(p["local_dir"])
+        progress_file = p["progress_file"] or os.path.join(local_dir, hf.PROGRESS_FILE)
         if p["job"]:
-            return hd.watch(module, p, local_dir, progress_file)
-        if not module.check_mode:
-            lock = hf.DirLock(local_dir)
-            waited = lock.acquire(p["lock_timeout"])
-            if waited >= 1:
-                module.warn("waited %d s for another download into %s to end" % (waited, local_dir))
-        hd.run(module, p, token, local_dir, progress_file)
+            result = hd.watch(module, p, local_dir, progress_file)
+        else:
+            if not module.check_mode:
+                lock = hf.DirLock(local_dir)
+                waited = lock.acquire(p["lock_timeout"])
+                if waited >= 1:
+                    module.warn("waited %d s for another download into %s to end" % (waited, local_dir))
+            result = hd.run(module, p, token, local_dir, progress_file)
     except Failure as f:
         failure_fail(module, f, path=local_dir)
+    else:
+        module.exit_json(**result)
     finally:
         if lock is not None:
             lock.release()
-    return None
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ X-Linked-Size), _snapshot_download.py snapshot_download):
   GET  /api/models/{repo}[/revision/{rev}]   model info (``sha``, ``siblings``, ``usedStorage``; ``?blobs=true``
                                              adds size/blobId/lfs to siblings)
   GET  /api/models/{repo}/tree/{rev}[/{dir}]?recursive=true   files with size, git oid and lfs{oid,size,pointerSize}
+  GET  /api/whoami-v2                        the token's user (HfApi.whoami), 401 for another token or none
   HEAD/GET /{repo}/resolve/{rev}/{file}      regular files: 200 with ETag (git oid) and X-Repo-Commit;
                                              LFS files: 302 to <cdn>/_cdn/sha256/<oid>?... with X-Linked-Etag (sha256),
                                              X-Linked-Size, X-Repo-Commit
@@ -568,6 +569,19 @@ class HubHandler(Handler):
         self.reply_json(401, {"error": msg}, {"X-Error-Code": code, "X-Error-Message": msg})
         return True
 
+    def _whoami(self):
+        """GET /api/whoami-v2 as the Hub answers huggingface_hub's HfApi.whoami (2.4.0 hf_api.py _inner_whoami: a 401
+        becomes "Invalid user token."; _login.py _login reads ``name`` and ``auth.accessToken.role``/``displayName``):
+        the token's user for the lab's token, 401 for any other token or none (the Hub knows no anonymous user)."""
+        got = self.headers.get("Authorization") or ""
+        if not self.server.token or got != "Bearer " + self.server.token:
+            msg = "Invalid credentials in Authorization header"
+            return self.reply_json(401, {"error": msg}, {"X-Error-Message": msg})
+        return self.reply_json(200, {"type": "user", "id": "kpgs" + "0" * 20, "name": "kpgs-lab", "fullname": "kpgs lab",
+                                     "isPro": False, "orgs": [], "auth": {"type": "access_token", "accessToken": {
+                                         "displayName": "kpgs-lab-read", "role": "read",
+                                         "createdAt": "2026-04-20T09:00:00.000Z"}}})
+
     def _rev(self, rev):
         rev = urllib.parse.unquote(rev)
         if rev in HUB_BRANCHES or rev == self.server.repo.commit:
@@ -617,6 +631,8 @@ class HubHandler(Handler):
             self._rec["file"] = e["path"]
             fault = self.server.next_fault(e["path"]) if self.command == "GET" else None
             return self.send_file(e["local"], {"ETag": '"%s"' % e["sha256"]}, fault)
+        if path == "/api/whoami-v2":
+            return self._whoami()
         if len(parts) >= 4 and parts[0] == "api" and parts[1] == "models":
             name = parts[2] + "/" + parts[3]
             if self._need_auth():

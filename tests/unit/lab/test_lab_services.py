@@ -238,3 +238,21 @@ def test_hub_token(tmp_path):
         log = (tmp_path / "st" / "hub-access.jsonl").read_text()
         assert token not in log
     assert running.proc.returncode == 0
+
+
+def test_hub_whoami_as_huggingface_hub_reads_it(tmp_path):
+    """huggingface_hub's own HfApi.whoami against the stand-in: the token's user, "Invalid user token." otherwise."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+    token = "hf_labTokenForTests"
+    running = _labsvc().start(["--addr", "127.0.0.1", "--state-dir", str(tmp_path / "st"), "--hub-port", "0",
+                               "--hub-shards", "2", "--hub-shard-size", "64KiB", "--hub-token", token])
+    with running:
+        api = HfApi(endpoint=running.urls["hub"])
+        me = api.whoami(token=token)
+        assert me["type"] == "user" and me["name"] and me["auth"]["accessToken"]["role"] == "read"
+        with pytest.raises(HfHubHTTPError) as e:
+            api.whoami(token="hf_wrong")
+        assert e.value.response.status_code == 401 and str(e.value).startswith("Invalid user token.")
+        assert e.value.response.json() == {"error": "Invalid credentials in Authorization header"}
+    assert running.proc.returncode == 0

@@ -151,17 +151,44 @@ def test_missing_lock_names_the_regeneration_command(site):
     assert res["failed"] == 1 and re.search(r"regenerate.sh 0.5.13 3\.[0-9]+", res["out"]), res["out"]
 
 
-def test_a_venv_on_another_python_is_refused_before_uv_or_the_venv_is_touched(site):
-    """The probe reads the venv's Python; one that is not the lock's Python fails with the fix, before uv's install."""
-    venv, uv_venv = site / "other-python" / "venv", site / "other-python" / "uv"
+def test_a_venv_on_another_python_is_rebuilt(site):
+    """The probe reads the venv's Python; one that is not sglang_install_python's is removed and built again from the
+    lock (uv would refuse to create the venv over it), the task naming why."""
+    venv = site / "other-python" / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text("#!/bin/sh\nprintf '3.99\\n0.5.11\\n'\n")
     (venv / "bin" / "python").chmod(0o755)
-    res = play(site, "-e", "sglang_install_venv=%s" % venv, "-e", "sglang_install_uv_venv=%s" % uv_venv)
+    res = play(site, "-e", "sglang_install_venv=%s" % venv)
     out = " ".join(res["out"].split())
-    assert res["failed"] == 1 and re.search(r"runs Python 3\.99 but the lock is for 3\.[0-9]+", out), res["out"]
-    assert "rm -rf %s" % venv in out
-    assert not uv_venv.exists() and sorted(p.name for p in venv.iterdir()) == ["bin"]
+    assert res["failed"] == 0 and re.search(r"Remove the broken venv to rebuild it: \S+/bin/python runs Python 3\.99, "
+                                            r"not 3\.[0-9]+", out), res["out"]
+    assert _imports(venv) == "0.5.11"
+
+
+def _imports(venv):
+    return subprocess.run([str(venv / "bin" / "python"), "-c", "import sglang; print(sglang.__version__)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.parametrize("damage", ["missing", "dangling", "no_cfg"])
+def test_a_broken_venv_is_rebuilt(site, damage):
+    """A synced venv whose python is gone (removed, or a link to nothing) or whose pyvenv.cfg is gone is rebuilt and
+    synced again (issue 30: uv said "virtual environment already exists"); the next run changes nothing."""
+    venv = site / ("broken-" + damage) / "venv"
+    extra = ["-e", "sglang_install_venv=%s" % venv]
+    first = play(site, *extra)
+    assert first["failed"] == 0 and _imports(venv) == "0.5.11", first["out"]
+    if damage == "no_cfg":
+        (venv / "pyvenv.cfg").unlink()
+    else:
+        (venv / "bin" / "python").unlink()
+        if damage == "dangling":
+            (venv / "bin" / "python").symlink_to("/nonexistent/python3")
+    res = play(site, *extra)
+    assert res["failed"] == 0 and "Remove the broken venv to rebuild it" in res["out"], res["out"]
+    assert re.search(r"Sync the venv with the lock.*\n(changed|ok): \[ct\]", res["out"]), res["out"]
+    assert _imports(venv) == "0.5.11" and (venv / "pyvenv.cfg").is_file()
+    assert play(site, *extra)["changed"] == 0
 
 
 def test_pruning_never_removes_a_kept_venv_in_use(site):

@@ -478,13 +478,17 @@ def test_failed_regeneration_is_retried(host):
     assert r["changed"] is False and len(commands(host)) == 3
 
 
-def test_absent_ids_only_clean_the_files(host):
-    r = run(dict(host.args, ids=["10de:ffff"]))
-    assert r["selected"] == [] and r["unbound"] == [] and r["managed_ids"] == ["10de:ffff"]
-    # the NVIDIA blacklist/softdep clean-up does not depend on the ids
-    assert sorted(os.path.relpath(f["path"], host.etc) for f in r["files"]) == ["modprobe.d/blacklist.conf", "modprobe.d/vfio.conf"]
-    assert "ids=10de:2230,10de:1aef,1b21:1242" in open(os.path.join(host.etc, "modprobe.d", "vfio.conf")).read()
-    assert any("no PCI function with id 10de:ffff" in w for w in r["warnings"])
+def test_ids_that_name_no_gpu_are_refused_before_anything_changes(host):
+    """An NVIDIA id on no function of the host, a NIC's id, the GPU's audio function: bad_input, nothing written."""
+    before = tree_hash(host.root)
+    for ids, why in ((["10de:ffff"], "10de:ffff: no PCI function of this host has this id"),
+                     (["1b21:1242"], "1b21:1242: vendor 1b21 is not NVIDIA's (10de); it is 1b21:1242 at"),
+                     (["10de:2230", "10de:1aef"], "10de:1aef: it is 10de:1aef at")):
+        r = run(dict(host.args, ids=ids))
+        assert r["failed"] and r["phase"] == "bad_input" and why in r["msg"], r["msg"]
+        assert "the host's NVIDIA GPUs: 10de:2230 at" in r["msg"] and "10de::0302" in r["remedy"]
+    assert "not a display/3D controller (class 0300/0302)" in r["msg"]
+    assert tree_hash(host.root) == before and host.kernel.writes == [] and commands(host) == []
 
 
 def test_bad_id_is_a_clear_error(host):

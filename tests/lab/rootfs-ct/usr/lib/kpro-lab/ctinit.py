@@ -47,7 +47,6 @@ import grp
 import pwd
 import resource
 import select
-import shlex
 import signal
 import socket
 import threading
@@ -60,6 +59,7 @@ CGROOT = "/sys/fs/cgroup"
 MARK = "KPRO_LAB_CGROUP"
 UNIT_DIRS = ["/etc/systemd/system", "/run/systemd/system", "/lib/systemd/system", "/usr/lib/systemd/system"]
 BOOT_DIRS = ("/etc/systemd/system", "/run/systemd/system")
+EXEC_KEYS = ("ExecStartPre", "ExecStart", "ExecStartPost", "ExecStop", "ExecStopPost", "ExecReload")
 SERVICE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
 CLEAN_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE)
 EXIT_NAMES = {0: "SUCCESS", 1: "FAILURE", 2: "INVALIDARGUMENT", 3: "NOTIMPLEMENTED", 4: "NOPERMISSION",
@@ -143,6 +143,7 @@ class Unit(object):
         self.sections = {}
         self.files = []
         self.masked = False
+        self.exec = {}
         self._load()
 
     def _candidates(self):
@@ -181,8 +182,12 @@ class Unit(object):
             section, cont = None, ""
             with open(f) as fh:
                 for raw in fh:
+                    # src/shared/conf-parser.c config_parse(): comment lines are skipped even inside a continuation;
+                    # a line ending in an unescaped backslash continues, the backslash becoming a space
+                    if raw.lstrip(WHITESPACE)[:1] in ("#", ";"):
+                        continue
                     line = cont + raw.rstrip("\n")
-                    if line.endswith("\\"):
+                    if (len(line) - len(line.rstrip("\\"))) % 2:
                         cont = line[:-1] + " "
                         continue
                     cont = ""
@@ -201,12 +206,24 @@ class Unit(object):
                     else:
                         section.setdefault(key, []).append(val)
         self.load_state = "loaded"
-        if self.type in ("simple", "exec", "notify", "idle", "forking") and len(self.svc.get("ExecStart", [])) > 1:
+        table = specifier_table(self.name, self.path)
+        for key in EXEC_KEYS:
+            try:
+                self.exec[key] = [c for line in self.svc.get(key, []) for c in
+                                  config_parse_exec(line, table, lambda msg: journal(self.name, "%s: %s" % (main, msg)))]
+            except BadSetting as e:
+                self.load_state, self.load_error = "bad-setting", str(e)
+                return
+        if self.type in ("simple", "exec", "notify", "idle", "forking") and len(self.cmds("ExecStart")) > 1:
             self.load_state, self.load_error = "bad-setting", (
                 "Service has more than one ExecStart= setting, which is only allowed for Type=oneshot services. Refusing.")
-        elif self.type != "oneshot" and not self.svc.get("ExecStart") and self.name.endswith(".service"):
+        elif self.type != "oneshot" and not self.cmds("ExecStart") and self.name.endswith(".service"):
             self.load_state, self.load_error = "bad-setting", (
                 "Service has no ExecStart=, ExecStop=, or SuccessAction=. Refusing.")
+
+    def cmds(self, key):
+        """The parsed commands of an Exec*= setting (config_parse_exec())."""
+        return self.exec.get(key, [])
 
     def changed_on_disk(self):
         return self._stamp(self._candidates()) != self.files
@@ -604,67 +621,341 @@ def svc(name):
         return s
 
 
-SPEC_RE_CHARS = "nNpiht%"
+# --- Exec*= command lines, as systemd 252 reads them (systemd.service(5) "Command lines") ---------------------------
+# Load time (src/core/load-fragment.c config_parse_exec()): words by extract_first_word(EXTRACT_UNQUOTE|
+# EXTRACT_CUNESCAPE) (src/basic/extract-word.c; single and double quotes alike, C escapes inside and outside quotes),
+# a lone ";" separates commands and "\;" is a literal ";", the prefixes - @ : + ! of the first word, then the
+# specifiers of every word (src/core/unit-printf.c unit_full_printf(), src/shared/specifier.c specifier_printf()).
+# Exec time (src/core/execute.c exec_child() -> src/basic/env-util.c replace_env_argv()): "$$" -> "$", "${VAR}"
+# anywhere in a word, "$VAR" only as a whole word (split at whitespace); nothing with the ":" prefix.
+
+WHITESPACE = " \t\n\r"
+C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"',
+             "'": "'", "s": " "}
+HEX = "0123456789abcdefABCDEF"
+
+
+class BadSetting(ValueError):
+    """A setting systemd refuses at load time (the unit's LoadState becomes bad-setting)."""
+
+
+def _byte(v):
+    # an eight-bit escape is a raw byte (escape.c: *eight_bit); surrogateescape keeps it one through os.fsencode
+    return chr(v) if v < 0x80 else chr(0xdc00 + v)
+
+
+def cunescape_one(text, i):
+    """src/basic/escape.c cunescape_one(): (character, length) of the escape at text[i:], or None when invalid."""
+    c = text[i:i + 1]
+    if c in C_ESCAPES and c:
+        return C_ESCAPES[c], 1
+    n = {"x": 2, "u": 4, "U": 8}.get(c)
+    if n:
+        h = text[i + 1:i + 1 + n]
+        if len(h) != n or any(ch not in HEX for ch in h) or int(h, 16) == 0:
+            return None
+        v = int(h, 16)
+        if c == "U" and (v >= 0x110000 or (v & 0xFFFFF800) == 0xD800 or 0xFDD0 <= v <= 0xFDEF or (v & 0xFFFE) == 0xFFFE):
+            return None  # unichar_is_valid()
+        return (_byte(v) if c == "x" else chr(v)), n + 1
+    o = text[i:i + 3]
+    if c and c in "01234567" and len(o) == 3 and all(ch in "01234567" for ch in o) and 0 < int(o, 8) <= 255:
+        return _byte(int(o, 8)), 3
+    return None
+
+
+def extract_word(text, i, cunescape=True, relax=False, unescape_relax=False):
+    """src/basic/extract-word.c extract_first_word() with EXTRACT_UNQUOTE (+ EXTRACT_CUNESCAPE, EXTRACT_RELAX,
+    EXTRACT_UNESCAPE_RELAX): (word, index after it and its separators), (None, len) at the end; ValueError (EINVAL) on
+    an unknown escape or unbalanced quotes."""
+    n = len(text)
+    while i < n and text[i] in WHITESPACE:
+        i += 1
+    if i >= n:
+        return None, n
+    out, quote = [], None
+    while i < n:
+        c = text[i]
+        if c == "\\":
+            if i + 1 >= n:
+                if unescape_relax and (quote is None or relax):
+                    return "".join(out) + "\\", n
+                if relax:
+                    return "".join(out), n
+                raise ValueError("trailing backslash")
+            if not cunescape:
+                out.append(text[i + 1])
+                i += 2
+                continue
+            esc = cunescape_one(text, i + 1)
+            if esc:
+                out.append(esc[0])
+                i += 1 + esc[1]
+            elif unescape_relax:
+                out.append("\\" + text[i + 1])
+                i += 2
+            else:
+                raise ValueError("unknown escape")
+            continue
+        i += 1
+        if quote:
+            if c == quote:
+                quote = None
+            else:
+                out.append(c)
+        elif c in "'\"":
+            quote = c
+        elif c in WHITESPACE:
+            while i < n and text[i] in WHITESPACE:
+                i += 1
+            return "".join(out), i
+        else:
+            out.append(c)
+    if quote and not relax:
+        raise ValueError("unbalanced quoting")
+    return "".join(out), n
+
+
+def extract_word_and_warn(text, i, warn):
+    """src/basic/extract-word.c extract_first_word_and_warn(): an unknown escape is kept verbatim (with a warning),
+    unbalanced quoting is an error."""
+    try:
+        return extract_word(text, i)
+    except ValueError:
+        pass
+    try:
+        word, j = extract_word(text, i, unescape_relax=True)
+    except ValueError:
+        raise BadSetting('Unbalanced quoting, ignoring: "%s"' % text)
+    warn('Ignoring unknown escape sequences: "%s"' % word)
+    return word, j
+
+
+def _unit_unescape(text):
+    """src/basic/unit-name.c unit_name_unescape(): "-" -> "/", "\\xNN" -> the byte."""
+    out, i = "", 0
+    while i < len(text):
+        if text[i] == "-":
+            out += "/"
+        elif text[i:i + 2] == "\\x" and len(text[i:i + 4]) == 4 and all(c in HEX for c in text[i + 2:i + 4]):
+            out += _byte(int(text[i + 2:i + 4], 16))
+            i += 3
+        else:
+            out += text[i]
+        i += 1
+    return out
+
+
+def _read(path, default=""):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return default
+
+
+def _os_release(key):
+    for line in _read("/etc/os-release").splitlines():
+        if line.startswith(key + "="):
+            return line.split("=", 1)[1].strip().strip('"')
+    return ""
+
+
+def specifier_table(name, fragment=None):
+    """src/core/unit-printf.c unit_full_printf_full()'s table (system manager, run by root)."""
+    prefix = name.rsplit(".", 1)[0]
+    pre, _, inst = prefix.partition("@")
+    last = pre.rsplit("-", 1)[-1] if "-" in pre else ""
+    host = socket.gethostname()
+    return {
+        "i": inst, "I": _unit_unescape(inst), "j": last, "J": _unit_unescape(last), "n": name, "N": prefix, "p": pre,
+        "P": _unit_unescape(pre), "f": "/" + _unit_unescape(inst or pre).lstrip("/"),
+        "y": fragment or "", "Y": os.path.dirname(fragment or ""),
+        "c": "/system.slice/" + name, "r": "/system.slice", "R": "/",
+        "C": "/var/cache", "d": "/run/credentials/" + name, "E": "/etc", "L": "/var/log", "S": "/var/lib", "t": "/run",
+        "h": "/root", "s": "/bin/sh",
+        "a": "x86-64", "A": _os_release("IMAGE_VERSION"), "b": _read("/proc/sys/kernel/random/boot_id").replace("-", ""),
+        "B": _os_release("BUILD_ID"), "H": host, "l": host.split(".")[0], "q": host, "m": _read("/etc/machine-id"),
+        "M": _os_release("IMAGE_ID"), "o": _os_release("ID"), "v": os.uname().release, "w": _os_release("VERSION_ID"),
+        "W": _os_release("VARIANT_ID"), "g": "root", "G": "0", "u": "root", "U": "0", "T": "/tmp", "V": "/var/tmp",
+    }
+
+
+def specifier_printf(text, table):
+    """src/shared/specifier.c specifier_printf(): "%%" -> "%", a known specifier -> its value, an unknown letter or
+    digit -> EBADSLT (BadSetting), any other "%c" and a trailing "%" stay."""
+    out, i = "", 0
+    while i < len(text):
+        c = text[i]
+        if c != "%":
+            out += c
+        elif i + 1 >= len(text):
+            out += "%"
+        else:
+            i += 1
+            f = text[i]
+            if f == "%":
+                out += "%"
+            elif f in table:
+                out += table[f]
+            elif f.isalnum() and f.isascii():
+                raise BadSetting("Failed to resolve unit specifiers in %s: Invalid slot" % text)
+            else:
+                out += "%" + f
+        i += 1
+    return out
 
 
 def specifiers(word, name):
-    if "%" not in word:
-        return word
-    prefix = name.rsplit(".", 1)[0]
-    inst = prefix.split("@", 1)[1] if "@" in prefix else ""
-    table = {"n": name, "N": prefix, "p": prefix.split("@")[0], "i": inst, "h": "/root", "t": "/run", "%": "%"}
-    out, i = "", 0
-    while i < len(word):
-        if word[i] == "%" and i + 1 < len(word) and word[i + 1] in table:
-            out += table[word[i + 1]]
+    return specifier_printf(word, specifier_table(name))
+
+
+def _string_is_safe(p):
+    # src/basic/string-util.c string_is_safe(): no control characters, quotes, backslash or DEL
+    return not any(0 < ord(c) < 32 or c in "\"'\\\x7f" for c in p)
+
+
+def config_parse_exec(rvalue, table, warn=lambda msg: None):
+    """One Exec*= value -> its commands [{"path", "argv", "ignore", "no_expand"}] (src/core/load-fragment.c
+    config_parse_exec()). BadSetting where systemd returns -ENOEXEC; with the "-" prefix such a command is dropped
+    with the rest of the line (systemd returns 0 there), the commands before it stay."""
+    cmds, i, semicolon = [], 0, True
+    while semicolon:
+        semicolon = False
+        try:
+            first, i = extract_word_and_warn(rvalue, i, warn)
+        except BadSetting as e:  # "if (r <= 0) return 0;": the line is ignored, not refused
+            warn(str(e))
+            return cmds
+        if first is None:
+            return cmds
+        if first == ";":
+            semicolon = True
+            continue
+        f, flags = first, set()
+        while f:
+            ch = f[0]
+            if ch == "-" and "-" not in flags or ch == "@" and "@" not in flags or ch == ":" and ":" not in flags:
+                flags.add(ch)
+            elif ch == "+" and not flags & {"+", "!", "!!"}:
+                flags.add("+")
+            elif ch == "!" and not flags & {"+", "!", "!!"}:
+                flags.add("!")
+            elif ch == "!" and not flags & {"+", "!!"}:
+                flags = (flags - {"!"}) | {"!!"}
+            else:
+                break
+            f = f[1:]
+        ignore = "-" in flags
+
+        def bad(msg):
+            warn(msg)
+            if ignore:
+                return True
+            raise BadSetting(msg)
+        try:
+            path = specifier_printf(f, table)
+        except BadSetting:
+            if bad("Failed to resolve unit specifiers in '%s'%s: Invalid slot" % (f, ", ignoring" if ignore else "")):
+                return cmds
+        problem = ("Empty path in command line" if not path else
+                   "Executable name contains special characters" if not _string_is_safe(path) else
+                   "Executable path specifies a directory" if path.endswith("/") else
+                   "Neither a valid executable name nor an absolute path"
+                   if (path in (".", "..") or "/" in path or len(path) > 255) and not path.startswith("/") else None)
+        if problem and bad("%s%s: %s" % (problem, ", ignoring" if ignore else "", path or rvalue)):
+            return cmds
+        argv = [] if "@" in flags else [path]
+        while i < len(rvalue):
+            rest = rvalue[i:]
+            if rest[0] == ";" and (len(rest) == 1 or rest[1] in WHITESPACE):
+                i += 1
+                while i < len(rvalue) and rvalue[i] in WHITESPACE:
+                    i += 1
+                semicolon = True
+                break
+            if rest[:2] == "\\;" and (len(rest) == 2 or rest[2] in WHITESPACE):
+                i += 2
+                while i < len(rvalue) and rvalue[i] in WHITESPACE:
+                    i += 1
+                argv.append(";")
+                continue
+            try:
+                word, i = extract_word_and_warn(rvalue, i, warn)
+                if word is None:
+                    break
+                argv.append(specifier_printf(word, table))
+            except BadSetting as e:
+                if bad(str(e)):
+                    return cmds
+        if not argv and bad("Empty executable name or zeroeth argument%s: %s" % (", ignoring" if ignore else "", rvalue)):
+            return cmds
+        cmds.append({"path": os.path.normpath(path) if path.startswith("/") else path, "argv": argv, "ignore": ignore,
+                     "no_expand": ":" in flags, "line": rvalue})
+    return cmds
+
+
+def replace_env(word, env):
+    """src/basic/env-util.c replace_env_n() without flags: "${VAR}" -> its value (empty when unset), "$$" -> "$",
+    "${VAR:-x}" and a lone "$" or "$VAR" inside a word stay as written."""
+    out, i, n = "", 0, len(word)
+    while i < n:
+        if word[i] == "$" and word[i + 1:i + 2] == "$":
+            out += "$"
             i += 2
+        elif word[i] == "$" and word[i + 1:i + 2] == "{":
+            j = i + 2
+            while j < n and word[j] not in "}:":
+                j += 1
+            if j < n and word[j] == "}":
+                out += env.get(word[i + 2:j], "")
+                i = j + 1
+            else:  # unterminated, or ":" (REPLACE_ENV_ALLOW_EXTENDED unset): no replacement
+                out += word[i:j]
+                i = j
         else:
             out += word[i]
             i += 1
     return out
 
 
-def expand_words(words, env):
-    """systemd: a word that is exactly ``$VAR`` splits into the value's words; ``${VAR}`` (and $VAR
-    inside a word) substitutes literally."""
+def replace_env_argv(argv, env):
+    """src/basic/env-util.c replace_env_argv(): a word "$VAR" (not "${" or "$$") becomes the value's words
+    (strv_split_full(EXTRACT_RELAX|EXTRACT_UNQUOTE): quotes in the value group, no C escapes), or nothing when unset;
+    every other word goes through replace_env()."""
     out = []
-    for w in words:
-        if w.startswith("$") and not w.startswith("${") and w[1:].replace("_", "a").isalnum():
-            out += env.get(w[1:], "").split()
+    for w in argv:
+        if w.startswith("$") and w[1:2] not in ("{", "$"):
+            value, i = env.get(w[1:]) if w[1:] else None, 0
+            while value is not None:
+                word, i = extract_word(value, i, cunescape=False, relax=True)
+                if word is None:
+                    break
+                out.append(word)
             continue
-        res, i = "", 0
-        while i < len(w):
-            c = w[i]
-            if c == "$" and w[i + 1:i + 2] == "{" and "}" in w[i:]:
-                j = w.index("}", i)
-                res += env.get(w[i + 2:j], "")
-                i = j + 1
-            elif c == "$" and i + 1 < len(w) and (w[i + 1].isalpha() or w[i + 1] == "_"):
-                j = i + 1
-                while j < len(w) and (w[j].isalnum() or w[j] == "_"):
-                    j += 1
-                res += env.get(w[i + 1:j], "")
-                i = j
-            else:
-                res += c
-                i += 1
-        out.append(res)
+        out.append(replace_env(w, env))
     return out
 
 
-def parse_exec(line, env, name):
-    ignore = no_expand = argv0 = False
-    while line and line[0] in "-@+!:":
-        ignore = ignore or line[0] == "-"
-        no_expand = no_expand or line[0] == ":"
-        argv0 = argv0 or line[0] == "@"
-        line = line[1:]
-    words = [specifiers(w, name) for w in shlex.split(line)]
-    if not no_expand:
-        words = expand_words(words, env)
-    if argv0 and len(words) > 1:
-        return [words[0]] + words[2:], ignore, words[1]
-    return words, ignore, None
+def parse_environment(rvalue, table):
+    """src/core/load-fragment.c config_parse_environ(): words by extract_first_word(EXTRACT_CUNESCAPE|EXTRACT_UNQUOTE),
+    specifiers resolved, no $ expansion; a syntax error ends the line (the words before it stay), an invalid
+    assignment is skipped."""
+    env, i = {}, 0
+    while True:
+        try:
+            word, i = extract_word(rvalue, i)
+        except ValueError:
+            return env
+        if word is None:
+            return env
+        try:
+            word = specifier_printf(word, table)
+        except BadSetting:
+            continue
+        k, eq, v = word.partition("=")
+        if eq and k and not k[0].isdigit() and all(c.isalnum() or c == "_" for c in k) and k.isascii():
+            env[k] = v
 
 
 def load_env_file(path):
@@ -694,10 +985,7 @@ def service_env(u, s):
         except KeyError:
             pass
     for line in u.svc.get("Environment", []):
-        for item in shlex.split(line):
-            if "=" in item:
-                k, v = item.split("=", 1)
-                env[k] = v
+        env.update(parse_environment(line, specifier_table(u.name, u.path)))
     for line in u.svc.get("EnvironmentFile", []):
         optional = line.startswith("-")
         path = line.lstrip("-").strip()
@@ -711,12 +999,17 @@ def service_env(u, s):
     return env
 
 
-def run_cmd(u, s, line, env, main=False):
-    """Run one Exec line (as control process, or the main process when ``main``)."""
-    argv, ignore, argv0 = parse_exec(line, env, u.name)
+def run_cmd(u, s, cmd, env, main=False):
+    """Run one parsed command (as control process, or the main process when ``main``): the executable is its path,
+    argv[0] what the line (or the "@" prefix) gave."""
+    argv = cmd["argv"] if cmd["no_expand"] else replace_env_argv(cmd["argv"], env)
+    ignore = cmd["ignore"]
     e = dict(env)
-    if argv0:
-        e["__ARGV0__"] = argv0
+    if not argv:
+        argv = [cmd["path"]]
+    if argv[0] != cmd["path"]:
+        e["__ARGV0__"] = argv[0]
+    argv = [cmd["path"]] + argv[1:]
     lim = u.get("LimitNOFILE")
     if lim:
         vals = [resource.RLIM_INFINITY if v == "infinity" else int(v) for v in lim.split(":")]
@@ -734,10 +1027,10 @@ def run_cmd(u, s, line, env, main=False):
     return pid, err, ignore
 
 
-def run_sync(u, s, lines, env):
+def run_sync(u, s, cmds, env):
     """Control processes in order; -> (rc, status) of the first failing non-ignored one, or (0, 0)."""
-    for line in lines:
-        pid, err, ignore = run_cmd(u, s, line, env)
+    for cmd in cmds:
+        pid, err, ignore = run_cmd(u, s, cmd, env)
         status = wait_child(pid)
         code, st = decode_status(status or 0)
         if (code != 1 or st != 0) and not ignore:
@@ -817,14 +1110,14 @@ def _start_locked(u, s, out, manual):
         s.set("failed", "failed")
         journal(u.name, "%s: Failed with result 'resources'.\nFailed to start %s." % (u.name, describe(u)))
         return job_failed(u.name, out, "of unavailable resources or another system error") if out is not None else 1
-    code, st = run_sync(u, s, u.svc.get("ExecStartPre", []), env)
+    code, st = run_sync(u, s, u.cmds("ExecStartPre"), env)
     if code or st:
         return _start_failed(u, s, out, "exit-code")
     typ = u.type
     if typ == "oneshot":
         s.set("activating", "start")
-        for line in u.svc.get("ExecStart", []):
-            pid, err, ignore = run_cmd(u, s, line, env)
+        for cmd in u.cmds("ExecStart"):
+            pid, err, ignore = run_cmd(u, s, cmd, env)
             with LOCK:
                 s.exec_main.update(pid=pid, start=now_us())
             status = wait_child(pid)
@@ -833,7 +1126,7 @@ def _start_locked(u, s, out, manual):
                 s.exec_main.update(code=code, status=st, exit=now_us())
             if (code != 1 or st != 0) and not ignore:
                 return _start_failed(u, s, out, "exit-code" if code == 1 else "signal")
-        run_sync(u, s, u.svc.get("ExecStartPost", []), env)
+        run_sync(u, s, u.cmds("ExecStartPost"), env)
         if u.get("RemainAfterExit", "no").lower() in ("yes", "true", "1", "on"):
             s.set("active", "exited")
         else:
@@ -843,7 +1136,7 @@ def _start_locked(u, s, out, manual):
         journal(u.name, "Finished %s." % describe(u))
         return 0
     if typ == "forking":
-        pid, err, _ = run_cmd(u, s, u.svc["ExecStart"][0], env)
+        pid, err, _ = run_cmd(u, s, u.cmds("ExecStart")[0], env)
         code, st = decode_status(wait_child(pid) or 0)
         if code != 1 or st != 0:
             return _start_failed(u, s, out, "exit-code")
@@ -867,7 +1160,7 @@ def _start_locked(u, s, out, manual):
         journal(u.name, "Started %s." % describe(u))
         return 0
     # simple / exec / notify / idle
-    pid, err, _ = run_cmd(u, s, u.svc["ExecStart"][0], env, main=True)
+    pid, err, _ = run_cmd(u, s, u.cmds("ExecStart")[0], env, main=True)
     with LOCK:
         s.exec_main.update(pid=pid, start=now_us())
         if s.exec_main.get("code") == 0:  # not yet reaped
@@ -875,7 +1168,7 @@ def _start_locked(u, s, out, manual):
             s.set("active", "running")
     if err and typ == "exec":
         return job_failed(u.name, out) if out is not None else 1
-    run_sync(u, s, u.svc.get("ExecStartPost", []), env)
+    run_sync(u, s, u.cmds("ExecStartPost"), env)
     journal(u.name, "Started %s." % describe(u))
     return 0
 
@@ -977,10 +1270,10 @@ def _after_main_exit(name, run, code, st):
             env = service_env(u, s)
         except EnvironmentError:
             pass
-        if u.svc.get("ExecStop"):
-            run_sync(u, s, u.svc.get("ExecStop", []), env)
+        if u.cmds("ExecStop"):
+            run_sync(u, s, u.cmds("ExecStop"), env)
         _kill_rest(u, s)
-        run_sync(u, s, u.svc.get("ExecStopPost", []), env)
+        run_sync(u, s, u.cmds("ExecStopPost"), env)
         restart = u.get("Restart", "no")
         again = restart == "always" or (restart == "on-failure" and not clean) or (restart == "on-abnormal" and code != 1)
         if again and not SHUTDOWN.is_set():
@@ -1027,8 +1320,8 @@ def _stop_locked(u, s):
         except EnvironmentError:
             pass
         s.set("deactivating", "stop")
-        if s.active != "failed" and u.svc.get("ExecStop") and alive(s.main_pid):
-            run_sync(u, s, u.svc.get("ExecStop", []), env)
+        if s.active != "failed" and u.cmds("ExecStop") and alive(s.main_pid):
+            run_sync(u, s, u.cmds("ExecStop"), env)
         mode, sig = kill_mode(u), kill_signal(u)
         timeout = seconds(u.get("TimeoutStopSec"), 90.0)
         main = s.main_pid
@@ -1062,7 +1355,7 @@ def _stop_locked(u, s):
             s.main_pid = 0
             if timed_out:
                 s.result = "timeout"
-        run_sync(u, s, u.svc.get("ExecStopPost", []), env)
+        run_sync(u, s, u.cmds("ExecStopPost"), env)
         if timed_out:
             s.set("failed", "failed")
             journal(u.name, "%s: Failed with result 'timeout'." % u.name)
@@ -1150,6 +1443,9 @@ def properties(name):
         "MemoryCurrent": "[not set]", "CanStart": "yes" if u.load_state == "loaded" else "no",
         "CanStop": "yes" if u.load_state == "loaded" else "no",
     }
+    for k in EXEC_KEYS:
+        if d.cmds(k):
+            pr[k] = _exec_property(d.cmds(k))
     for k in ("ActiveEnter", "ActiveExit", "InactiveEnter", "InactiveExit", "StateChange"):
         pr[k + "Timestamp"] = fmt_ts(s.ts[k])
     if u.load_state == "not-found":
@@ -1157,6 +1453,53 @@ def properties(name):
     elif u.load_state == "bad-setting":
         pr["LoadError"] = 'org.freedesktop.systemd1.BadUnitSetting "Unit %s has a bad unit file setting."' % name
     return pr
+
+
+# The order of `systemctl show`: the D-Bus reply's (src/core/dbus-service.c, then the unit's cgroup, execute and kill
+# vtables, src/core/dbus-unit.c last), not the order of -p.
+SHOW_ORDER = ("Type", "Restart", "RestartUSec", "TimeoutStopUSec", "MainPID", "Result", "NRestarts", "ExecMainStartTimestamp",
+              "ExecMainExitTimestamp", "ExecMainPID", "ExecMainCode", "ExecMainStatus") + EXEC_KEYS + (
+              "ControlGroup", "MemoryCurrent", "TasksCurrent", "WorkingDirectory", "User", "KillMode", "KillSignal",
+              "Id", "Names", "Description", "LoadState", "ActiveState", "SubState", "FragmentPath", "UnitFileState",
+              "UnitFilePreset", "StateChangeTimestamp", "InactiveExitTimestamp", "ActiveEnterTimestamp",
+              "ActiveExitTimestamp", "InactiveEnterTimestamp", "CanStart", "CanStop", "NeedDaemonReload", "LoadError",
+              "InvocationID")
+FEATURES = ("+PAM +AUDIT +SELINUX +APPARMOR +IMA +SMACK +SECCOMP +GCRYPT -GNUTLS +OPENSSL +ACL +BLKID +CURL +ELFUTILS "
+            "+FIDO2 +IDN2 -IDN +IPTC +KMOD +LIBCRYPTSETUP +LIBFDISK +PCRE2 -PWQUALITY +P11KIT +QRENCODE +TPM2 +BZIP2 +LZ4 "
+            "+XZ +ZLIB +ZSTD -BPF_FRAMEWORK -XKBCOMMON +UTMP +SYSVINIT default-hierarchy=unified")
+
+
+def show_text(pr, props, flags):
+    """src/systemctl/systemctl-show.c show_one() -> src/shared/bus-print-properties.c: every property in the reply's
+    order, empty ones only with -p (which also filters) or --all; --value prints the values alone."""
+    show_empty = bool(props) or "-a" in flags or "--all" in flags
+    order = [k for k in SHOW_ORDER if k in pr] + [k for k in pr if k not in SHOW_ORDER]
+    out = ""
+    for k in order:
+        if (props and k not in props) or (pr[k] == "" and not show_empty):
+            continue
+        for v in (pr[k] if isinstance(pr[k], list) else [pr[k]]):
+            out += (v + "\n") if "--value" in flags else "%s=%s\n" % (k, v)
+    return out
+
+
+def manager_properties():
+    """`systemctl show` without a unit: the manager's properties (src/core/dbus-manager.c), those a container has."""
+    with LOCK:
+        failed = sum(1 for x in SVC.values() if x.active == "failed")
+        n_names = len(UNITS)
+    return {"Version": "252.36-1~deb12u1", "Features": FEATURES, "Virtualization": "lxc", "Architecture": "x86-64",
+            "Tainted": "", "NNames": str(n_names), "NFailedUnits": str(failed), "NJobs": "0",
+            "Environment": "LANG=C.UTF-8 PATH=%s" % SERVICE_PATH, "UnitPath": " ".join(UNIT_DIRS),
+            "DefaultStandardOutput": "journal", "DefaultStandardError": "inherit",
+            "DefaultTimeoutStopUSec": "1min 30s", "SystemState": "stopping" if SHUTDOWN.is_set() else "running",
+            "ExitCode": "0"}
+
+
+def _exec_property(cmds):
+    # src/systemctl/systemctl-show.c print_property() for a(sasbttttuii); the runtime fields are not tracked here
+    return ["{ path=%s ; argv[]=%s ; ignore_errors=%s ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; "
+            "status=0/0 }" % (c["path"], " ".join(c["argv"]), "yes" if c["ignore"] else "no") for c in cmds]
 
 
 def status(name, out, lines=10):
@@ -1281,6 +1624,8 @@ def handle(req):
             s = svc(n)
             targets = [s.main_pid] if req.get("whom") == "main" else members(n)
             kill(targets, sig)
+    elif verb == "show" and not names:
+        out["out"] = show_text(manager_properties(), req.get("props"), flags)
     elif verb == "list-units":
         for n in sorted(SVC):
             s = SVC[n]
@@ -1347,14 +1692,7 @@ def handle(req):
             elif verb == "status":
                 rc = status(n, out, int(req.get("lines", 10))) or rc
             elif verb == "show":
-                pr = properties(n)
-                props = req.get("props") or sorted(pr)
-                for k in props:
-                    if k not in pr:
-                        continue
-                    out["out"] += (pr[k] + "\n") if "--value" in flags else "%s=%s\n" % (k, pr[k])
-                if len(names) > 1 and n != names[-1]:
-                    out["out"] += "\n"
+                out["out"] += ("\n" if n != names[0] else "") + show_text(properties(n), req.get("props"), flags)
             elif verb == "cat":
                 u = unit(n)
                 if u.load_state == "not-found":
