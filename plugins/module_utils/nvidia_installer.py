@@ -6,7 +6,8 @@
 Pure functions: observe (``dkms status``, efivars; the loaded module comes from nvml.py),
 decide (:func:`plan_host`, :func:`plan_userspace`), and build the installer command
 line and the systemd units. The module ``nvidia_driver`` runs the commands.
-Facts and flags: shared/reference/proxmox_nvidia.md section 2.
+Flags: NVIDIA/nvidia-installer 580.119.02 option_table.h (booleans also take ``--no-``: common-utils/nvgetopt.c);
+DKMS registration and the nouveau blacklist: misc.c.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def loaded_modules(proc_modules_text):
 
 def installer_args(mode, kernel_module_type="open", dkms=True, kernel_release=None,
                    signing_key=None, signing_cert=None, extra=None):
-    """The installer's command-line flags (reference 2.1, 2.6) for ``host`` or ``userspace`` mode."""
+    """The installer's command-line flags (nvidia-installer option_table.h) for ``host`` or ``userspace`` mode."""
     args = ["--silent", "--no-x-check"]
     if mode == "userspace":
         # The container shares the host kernel: userspace only, nothing built or loaded.
@@ -260,5 +261,5 @@ def default_url(version, arch="x86_64"):
 
 
 def headers_packages(kernel_release):
-    """Candidates in order (reference 2.4): the exact kernel's headers, then the transitional name."""
+    """Candidates in order (pve-kernel debian/control.in: proxmox-headers-<kver> Provides pve-headers-<kver>): the exact kernel's headers, then the transitional name."""
     return ["proxmox-headers-%s" % kernel_release, "pve-headers-%s" % kernel_release]

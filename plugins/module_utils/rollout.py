@@ -4,10 +4,10 @@
 """A rolling rebuild over a fleet: which hosts go together, in which order, and what the fleet looks like.
 
 The unit of a rollout is a Proxmox host with its GPU containers (those whose ``pve_node_host`` names it). The
-containers of one multi-node server (``sglang_server_options.nnodes`` > 1 with the same ``dist_init_addr``) must start
-together, so their hosts' units are merged into one. The playbook's rollout play runs over :func:`plan`'s ``hosts``
-in that order with ``serial`` set to its ``serial`` (the number of hosts of each batch): each batch is
-``batch_size`` units, whole. Used by the filters kpro.gpu_serving.rollout_plan and kpro.gpu_serving.rollout_status.
+containers of one multi-node server (``nnodes`` > 1 with the same ``dist_init_addr`` in the options each runs with,
+:func:`run_options`) must start together, so their hosts' units are merged into one. The playbook's rollout play runs
+over :func:`plan`'s ``hosts`` in that order with ``serial`` set to its ``serial`` (the number of hosts of each batch):
+each batch is ``batch_size`` units, whole. Used by the filters kpro.gpu_serving.rollout_plan and kpro.gpu_serving.rollout_status.
 """
 
 from __future__ import annotations
@@ -23,9 +23,21 @@ def _get(hostvars, name, key, default=None):
     return default if value is None else value
 
 
+# The fact the plan play sets on each container (roles/sglang_server/tasks/options.yml): the SGLang options its server
+# runs with, merged by the role itself (its defaults, tp_size from sglang_install_tp, the inventory's options).
+RUN_OPTIONS = "sglang_server_run_options"
+
+
+def run_options(hostvars, name):
+    """The SGLang options a container's server runs with: the role's merge (:data:`RUN_OPTIONS`), else, without that
+    fact (a caller that did not include the role's options.yml), the inventory's sglang_server_options as they are."""
+    options = _get(hostvars, name, RUN_OPTIONS) or _get(hostvars, name, "sglang_server_options", {}) or {}
+    return dict(options) if hasattr(options, "items") else {}
+
+
 def _server_key(hostvars, name):
     """The multi-node server a container belongs to ((dist_init_addr, model)) or None for a single-node one."""
-    options = _get(hostvars, name, "sglang_server_options", {}) or {}
+    options = run_options(hostvars, name)
     try:
         if int(options.get("nnodes") or 1) > 1 and options.get("dist_init_addr"):
             return str(options["dist_init_addr"])
@@ -116,12 +128,13 @@ def plan(groups, hostvars, batch_size=None, max_fail_percentage=None, play_hosts
 
 
 def server_problems(containers, hostvars):
-    """[message] for each multi-node server whose nodes disagree (ranks, nnodes, tp_size, init address, model)."""
+    """[message] for each multi-node server whose nodes disagree (ranks, nnodes, tp_size, init address, model), on the
+    options each node really runs with (:func:`run_options`)."""
     servers = {}
     for c in containers:
         key = _server_key(hostvars, c)
         if key:
-            servers.setdefault(key, {})[c] = dict(_get(hostvars, c, "sglang_server_options", {}) or {})
+            servers.setdefault(key, {})[c] = run_options(hostvars, c)
     out = []
     for key in sorted(servers):
         out += ["the multi-node server at %s: %s" % (key, m) for m in sglang_multinode.group_problems(servers[key])]

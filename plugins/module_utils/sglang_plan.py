@@ -3,21 +3,26 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Memory-fit plan for an SGLang launch, before the launch.
 
-Follows SGLang 0.5.11's own sizing (sglang-0.5.11 wheel; ``shared/reference/sglang.md`` section 4 for 0.5.9),
+Follows SGLang 0.5.11's own sizing (sglang-0.5.11 wheel; 0.5.9: profile_max_num_token and handle_max_mamba_cache,
+sglang-0.5.9 wheel model_executor/model_runner_kv_cache_mixin.py:116-210),
 per TP rank:
 
     free        = free GPU memory after distributed init (card total - baseline use - PRE_WEIGHTS_MIB)
                   ("pre_model_load_memory", model_executor/model_runner.py:1214-1239)
     weights     = (safetensors total_size - the mtp.* tensors) / tp   (Qwen3.5's loader skips mtp.* for the target,
-                  models/qwen3_5.py:1171; the draft worker loads them)
+                  models/qwen3_5.py:1171; the draft worker loads them); with pp_size > 1 the largest pipeline
+                  stage's share (stage_sizes), x the bytes of an explicit --dtype over the checkpoint's
     available   = free - weights                              # "Load weight end. avail mem"
     rest        = available - free * (1 - mem_fraction_static)           (model_runner_kv_cache_mixin.py:56-70)
     rest       -= mamba_cache_per_req * max_running_requests * draft_tokens   (speculative decoding, 78-95)
     rest       -= max_mamba_cache_size * mamba_cache_per_req                   (GDN/mamba state pool, 97-134)
-    kv_tokens   = rest // kv_cell_bytes // page * page         (pool_configurator.py:190-195)
+    kv_tokens   = rest // kv_cell_bytes // page * page         (pool_configurator.py:170-181; the cell counts the
+                                                                full-attention layers of the largest stage)
+    kv_tokens   = min(kv_tokens, max_total_tokens)              (model_runner_kv_cache_mixin.py:668-691)
     max_running_requests = _resolve_max_num_reqs                (model_runner_kv_cache_mixin.py:698-716)
 
-and the launch fits when ``kv_tokens >= context_length`` (one full-length request). Before any of this, the
+and the launch fits when ``kv_tokens >= context_length`` (one full-length request). Which options it reads, and
+their SGLang defaults: the option table (sglang_options.py, its "sized" rows). Before any of this, the
 start-up refusals of SGLang's argument parsing are checked (sglang_rules.startup_refusal): 0.5.10+ refuses
 speculative decoding on a hybrid model with the radix cache on. The draft model's weights, its one-layer KV pool
 and the CUDA graphs come out of the ``(1 - mem_fraction_static)`` reserve afterwards; the plan reports them as
@@ -31,6 +36,7 @@ from __future__ import annotations
 import json
 import math
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_options
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_rules as rules
 
 MIB = 1 << 20
@@ -42,31 +48,10 @@ _DTYPE_BYTES = {
     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
 
-DEFAULTS = {
-    "tp": 1,
-    "pp_size": 1,
-    "context_length": None,             # None: max_position_embeddings of the model
-    "mem_fraction_static": None,        # None: SGLang's own default for the card (sglang_rules.default_mem_fraction_static)
-    "max_running_requests": None,
-    "max_mamba_cache_size": None,
-    "mamba_full_memory_ratio": 0.9,
-    "mamba_ssm_dtype": None,            # None: $SGLANG_MAMBA_SSM_DTYPE, else config mamba_ssm_dtype, else float32
-    "mamba_scheduler_strategy": "auto",  # auto = no_buffer (server_args.py:1079-1082)
-    "kv_cache_dtype": "auto",
-    "dtype": "auto",
-    "disable_radix_cache": False,
-    "disable_overlap_schedule": False,
-    "speculative_algorithm": None,
-    "speculative_num_steps": None,
-    "speculative_eagle_topk": None,
-    "speculative_num_draft_tokens": None,
-    "page_size": 1,
-    "chunked_prefill_size": None,
-    "cuda_graph_max_bs": None,
-    "context_overhead_mib": rules.PRE_WEIGHTS_MIB,   # CUDA context + NCCL/custom all-reduce per rank before weights
-    "nnodes": 1,                        # one server over several nodes: each node plans its own GPUs (tp over all nodes)
-    "node_rank": 0,
-}
+# SGLang's defaults of the options the plan computes with (the option table's "sized" rows, by SGLang's names), and the
+# plan's own: tp (tp_size's value), the memory one rank holds before its weights.
+DEFAULTS = dict(sglang_options.plan_defaults(), tp=1, context_overhead_mib=rules.PRE_WEIGHTS_MIB)
+DEFAULTS.pop("tp_size")
 
 # the options plan() understands (sglang_unit.plan_options passes SGLang's own names through)
 PLAN_OPTIONS = tuple(sorted(DEFAULTS))
@@ -93,25 +78,36 @@ def architecture(config):
 
 
 def _layer_kinds(tc):
-    """(full_attention_layers, linear_attention_layers) of a hybrid (GDN/mamba) or plain model."""
+    """(full-attention layer ids, number of linear-attention layers) of a hybrid (GDN/mamba) or plain model."""
     n = int(tc.get("num_hidden_layers") or 0)
     types = tc.get("layer_types")
     if isinstance(types, list) and types:
-        full = sum(1 for t in types if t in ("full_attention", "attention", "sliding_attention"))
+        full = [i for i, t in enumerate(types) if t in ("full_attention", "attention", "sliding_attention")]
         linear = sum(1 for t in types if t in ("linear_attention", "mamba", "gated_delta_net"))
         return full, linear
     interval = tc.get("full_attention_interval")
     if interval and ("linear_num_value_heads" in tc or "linear_num_key_heads" in tc):
         interval = int(interval)
-        full = len([i for i in range(n) if (i + 1) % interval == 0])
-        return full, n - full
-    return n, 0
+        full = [i for i in range(n) if (i + 1) % interval == 0]
+        return full, n - len(full)
+    return list(range(n)), 0
+
+
+def _vision_params(vision):
+    """About the parameters of a ViT tower (attention 4h^2 + MLP 2h x intermediate per block, the patch merger), the
+    part of the checkpoint that every pipeline stage holds (models/qwen3_vl.py:1099, built on every rank)."""
+    if not vision:
+        return 0
+    h, inter = int(vision.get("hidden_size") or 0), int(vision.get("intermediate_size") or 0)
+    depth = int(vision.get("depth") or vision.get("num_hidden_layers") or 0)
+    merged = h * int(vision.get("spatial_merge_size") or 2) ** 2
+    return depth * (4 * h * h + 2 * h * inter) + merged * merged + merged * int(vision.get("out_hidden_size") or h)
 
 
 def model_geometry(config):
     """The numbers the sizing needs, from config.json (nested text_config handled)."""
     tc = text_config(config)
-    full, linear = _layer_kinds(tc)
+    full_ids, linear = _layer_kinds(tc)
     heads = int(tc.get("num_attention_heads") or 0)
     hidden = int(tc.get("hidden_size") or 0)
     head_dim = int(tc.get("head_dim") or (hidden // heads if heads else 0))
@@ -122,7 +118,8 @@ def model_geometry(config):
         "model_type": config.get("model_type"),
         "layer_types": list(tc.get("layer_types") or []),
         "num_hidden_layers": int(tc.get("num_hidden_layers") or 0),
-        "full_attention_layers": full,
+        "full_attention_layers": len(full_ids),
+        "full_attention_ids": full_ids,
         "linear_attention_layers": linear,
         "num_attention_heads": heads,
         "num_key_value_heads": int(tc.get("num_key_value_heads") or heads),
@@ -139,6 +136,9 @@ def model_geometry(config):
         "is_multimodal": bool(vision) and str(arch or "").endswith("ForConditionalGeneration"),
         "vit_layers": int((vision or {}).get("num_hidden_layers") or 24),
         "vit_hidden": int((vision or {}).get("hidden_size") or 1024),
+        "vocab_size": int(tc.get("vocab_size") or 0),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", tc.get("tie_word_embeddings", True))),  # HF's default: tied
+        "vision_params": _vision_params(vision),
     }
     if linear:
         geo.update({
@@ -198,6 +198,47 @@ def weights_total_bytes(index):
     if isinstance(index, (int, float)):
         return int(index)
     return int((index.get("metadata") or {}).get("total_size") or 0)
+
+
+def pp_stages(num_layers, pp):
+    """[(start, end)] of the decoder layers of each pipeline stage, as get_pp_indices splits them
+    (distributed/utils.py:99-135, without SGLANG_PP_LAYER_PARTITION): the last num_layers % pp stages get one more."""
+    base, extra = divmod(int(num_layers), int(pp))
+    out, start = [], 0
+    for rank in range(int(pp)):
+        n = base + (1 if rank >= pp - extra else 0)
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+def _head_in_checkpoint(geo, index):
+    """Whether the checkpoint holds an LM head of its own (its tensor names say so; else not tie_word_embeddings)."""
+    wm = index.get("weight_map") if isinstance(index, dict) else None
+    if isinstance(wm, dict) and wm:
+        return any(name.endswith("lm_head.weight") for name in wm)
+    return not geo.get("tie_word_embeddings", True)
+
+
+def stage_sizes(geo, weights, index, pp):
+    """(weights bytes, KV layers) of the pipeline stage that holds the most of each; (weights, all) with pp 1.
+
+    A stage holds its decoder layers (their share of the checkpoint less the embedding, the LM head and the vision
+    tower), the vision tower (every rank, models/qwen3_vl.py:1099), the embedding on the first stage
+    (models/qwen3_5.py:1019-1027) and an LM head on the last (its own with pp > 1 even when tied, qwen3_vl.py:1129-1145);
+    its KV cells count its own full-attention layers (pool_configurator.py:83-91)."""
+    if pp <= 1:
+        return weights, geo["full_attention_layers"]
+    ckpt = _dtype_bytes(geo.get("torch_dtype"), 2)
+    emb = geo["vocab_size"] * geo["hidden_size"] * ckpt
+    vit = geo["vision_params"] * ckpt
+    body = max(0.0, weights - emb - vit - (emb if _head_in_checkpoint(geo, index) else 0))
+    per_layer = body / float(max(1, geo["num_hidden_layers"]))
+    stages = pp_stages(geo["num_hidden_layers"], pp)
+    sizes = [(end - start) * per_layer + vit + (emb if r == 0 else 0) + (emb if r == pp - 1 else 0)
+             for r, (start, end) in enumerate(stages)]
+    kv = [len([i for i in geo["full_attention_ids"] if start <= i < end]) for start, end in stages]
+    return max(sizes), max(kv)
 
 
 def _dtype_bytes(name, default):
@@ -267,6 +308,8 @@ def resolve_options(options, geo, environment=None):
         o["speculative_algorithm"] = None
         o["speculative_num_draft_tokens"] = 0
     o["disable_radix_cache"] = bool(o.get("disable_radix_cache"))
+    if int(o.get("pp_size") or 1) > 1:
+        o["disable_overlap_schedule"] = True            # server_args.py:3175-3180 (_handle_pipeline_parallelism)
     if o.get("mamba_scheduler_strategy") in (None, "auto"):
         o["mamba_scheduler_strategy"] = "no_buffer"     # server_args.py:1079-1082
     if o.get("context_length") is None:
@@ -303,15 +346,19 @@ def _budget(geo, o, index, total_mib, free_mib):
     tp = int(o["tp"])
     mf = float(o["mem_fraction_static"])
     b = {"free": free_mib * MIB, "total_mib": total_mib}
+    index = load_json(index) if isinstance(index, str) else index
     # never more than the checkpoint: a bare total (no tensor names) cannot say whether it holds the mtp.* tensors
-    b["mtp_bytes"] = min(mtp_checkpoint_bytes(geo, index if not isinstance(index, str) else load_json(index)), weights_total_bytes(index))
-    b["weights"] = (weights_total_bytes(index) - b["mtp_bytes"]) / float(tp)
+    b["mtp_bytes"] = min(mtp_checkpoint_bytes(geo, index), weights_total_bytes(index))
+    stage, kv_layers = stage_sizes(geo, weights_total_bytes(index) - b["mtp_bytes"], index, int(o.get("pp_size") or 1))
+    # an explicit --dtype loads the checkpoint in that dtype (float32 doubles a bf16 checkpoint)
+    scale = 1.0 if o["dtype"] in (None, "auto") else _dtype_bytes(o["dtype"], 2) / float(_dtype_bytes(geo.get("torch_dtype"), 2))
+    b["weights"] = stage * scale / float(tp)
     b["available"] = b["free"] - b["weights"]
     b["reserve"] = b["free"] * (1.0 - mf)
     b["rest0"] = b["available"] - b["reserve"]
     kv_bytes = _dtype_bytes(o["kv_cache_dtype"], _dtype_bytes(o["dtype"], _dtype_bytes(geo.get("torch_dtype"), 2)))
     b["kv_bytes"] = kv_bytes
-    b["cell"] = kv_cell_bytes(geo, tp, kv_bytes)
+    b["cell"] = kv_cell_bytes(geo, tp, kv_bytes, layers=kv_layers)
     b["ssm_b"] = _dtype_bytes(o["mamba_ssm_dtype"], 4)
     b["per_req"] = per_req = mamba_cache_per_req_bytes(geo, tp, b["ssm_b"], _dtype_bytes(o["mamba_conv_dtype"], 2))
     mrr, ndt = o.get("max_running_requests"), int(o.get("speculative_num_draft_tokens") or 0)
@@ -335,7 +382,11 @@ def _budget(geo, o, index, total_mib, free_mib):
     b["kv_budget"] = rest
     tokens = int(rest // b["cell"]) if rest > 0 and b["cell"] else 0
     page = int(o.get("page_size") or 1)
-    b["kv_tokens"] = tokens // page * page
+    b["kv_capacity"] = b["kv_tokens"] = tokens // page * page
+    if o.get("max_total_tokens") is not None:
+        # _apply_token_constraints (model_runner_kv_cache_mixin.py:668-691): the smaller of the profiled capacity and the
+        # cap, in whole pages (calculate_pool_sizes_from_max_tokens, pool_configurator.py:177-181)
+        b["kv_tokens"] = min(b["kv_capacity"], int(o["max_total_tokens"])) // page * page
     ctx = int(o["context_length"]) if o.get("context_length") else None
     b["mrr"] = rules.max_running_requests(b["kv_tokens"], ctx, mrr, b["mamba_size"] if per_req else None, rules.mamba_ratio(o))
     # the draft worker (EAGLE family with the model's own MTP head): its weights and its one-layer KV pool
@@ -363,6 +414,7 @@ def _per_gpu(b):
         "kv_budget_mib": _mib(b["kv_budget"]),
         "kv_cell_bytes": b["cell"],
         "kv_tokens": b["kv_tokens"],
+        "kv_capacity_tokens": b["kv_capacity"],
         "draft_weights_mib": _mib(b["d_weights"]),
         "draft_kv_mib": _mib(b["d_kv"]),
     }
@@ -372,10 +424,9 @@ def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None,
     """Plan whether a launch fits, per GPU, with SGLang 0.5.11's rules and formula.
 
     config: config.json (dict or path); index: model.safetensors.index.json (dict, path, or total bytes);
-    options: dict of tp, context_length, mem_fraction_static, max_running_requests, max_mamba_cache_size,
-      mamba_full_memory_ratio, mamba_ssm_dtype, mamba_scheduler_strategy, kv_cache_dtype, dtype, disable_radix_cache,
-      speculative_algorithm / speculative_num_steps / speculative_eagle_topk / speculative_num_draft_tokens,
-      page_size, chunked_prefill_size, cuda_graph_max_bs, context_overhead_mib (default sglang_rules.PRE_WEIGHTS_MIB);
+    options: dict of the option table's "sized" rows by SGLang's names (tp_size or tp, pp_size, context_length,
+      mem_fraction_static, max_running_requests, max_total_tokens, ...: DEFAULTS) and context_overhead_mib (default
+      sglang_rules.PRE_WEIGHTS_MIB);
     gpu_total_mib: per-GPU total memory (int or list; the smallest is used, as SGLang min-reduces over ranks);
     gpu_baseline_mib: per-GPU memory already used before the launch (subtracted);
     gpu_free_mib: measured free memory per GPU instead of total - baseline;
@@ -383,7 +434,8 @@ def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None,
 
     Returns dict(fits, phase (None when it fits; else the diagnosis phase the launch would end in), per_gpu{total_mib,
     free_mib, static_pool_mib, reserve_mib, weights_mib, mtp_weights_mib, available_mib, rest_mib, mamba_state_mib,
-    spec_reservation_mib, kv_budget_mib, kv_cell_bytes, kv_tokens, mamba_cache_per_req_mib, max_mamba_cache_size,
+    spec_reservation_mib, kv_budget_mib, kv_cell_bytes, kv_tokens, kv_capacity_tokens (before max_total_tokens),
+    mamba_cache_per_req_mib, max_mamba_cache_size,
     draft_weights_mib, draft_kv_mib}, context_length, max_running_requests, reason, remedy, suggestions[{flag, value,
     effect}], warnings, options (resolved), model (geometry)).
     """
@@ -416,6 +468,10 @@ def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None,
         "options": dict((k, v) for k, v in o.items() if not k.startswith("_")),
         "model": geo,
     }
+    if o.get("max_total_tokens") is not None and int(o["max_total_tokens"]) > b["kv_capacity"]:
+        # model_runner_kv_cache_mixin.py:678-682
+        result["warnings"].append("max_total_tokens=%s is larger than the profiled value %d. Use the profiled value instead."
+                                  % (o["max_total_tokens"], b["kv_capacity"]))
     if _node(o):
         result["node"] = _node(o)
     if refusal:
@@ -474,14 +530,27 @@ def _verdict(result, o, b):
         return result
     if b["kv_tokens"] >= (ctx or 1) and b["mrr"] > 0:
         return _fits(result, b, ctx)
+    if b["kv_capacity"] >= (ctx or 1) > b["kv_tokens"]:
+        return _capped(result, o, b, ctx)
     return _does_not_fit(result, o, b, ctx)
+
+
+def _capped(result, o, b, ctx):
+    """max_total_tokens caps the pool below one full-length request that the memory would hold: the cap is the lever."""
+    result["phase"] = "kv_cache_oom"
+    result["reason"] = ("max_total_tokens %s caps the KV pool at %d tokens per GPU, fewer than context_length %s; the memory "
+                        "would hold %d tokens." % (o["max_total_tokens"], b["kv_tokens"], ctx, b["kv_capacity"]))
+    result["suggestions"] = [{"flag": "--max-total-tokens", "value": ctx, "effect": "one full-length request fits"},
+                             {"flag": "--context-length", "value": b["kv_tokens"], "effect": "requests no longer than the capped pool"}]
+    result["remedy"] = _remedy_text(result["suggestions"])
+    return result
 
 
 def _fits(result, b, ctx):
     result["fits"] = True
     result["reason"] = ("KV cache holds %d tokens per GPU (%d MiB at %d bytes/token) for context %s; %d MiB of GDN/mamba state "
                         "(%d slots), %d MiB reserved for speculative verification; max_running_requests %d."
-                        % (b["kv_tokens"], _mib(b["kv_budget"]), b["cell"], ctx, _mib(b["mamba_mem"]), b["mamba_size"] or 0,
+                        % (b["kv_tokens"], _mib(b["kv_tokens"] * b["cell"]), b["cell"], ctx, _mib(b["mamba_mem"]), b["mamba_size"] or 0,
                            _mib(b["spec_res"]), b["mrr"]))
     # the reserve has to hold the draft model, CUDA graphs and activations
     if b["d_weights"] and b["d_weights"] + b["d_kv"] > b["reserve"] * 0.5:

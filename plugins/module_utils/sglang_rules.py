@@ -215,9 +215,10 @@ def default_mem_fraction_static(gpu_mem_mib, o, geo):
     chunked = int(o.get("chunked_prefill_size") or chunk_d)
     graph_bs = int(o.get("cuda_graph_max_bs") or bs_d)
     reserved = 512.0 + max(chunked, 2048) * 1.5 + graph_bs * 2 + tp * pp / 8.0 * 1024
-    # piecewise CUDA graphs are off for multimodal models and pp > 1 (1194-1230)
-    if not geo.get("is_multimodal") and pp == 1 and not o.get("enable_torch_compile"):
-        reserved += piecewise_graph_tokens(chunked) * 8
+    # piecewise CUDA graphs are off for multimodal models, pp > 1, torch.compile or when disabled (1194-1230); their sizes
+    # stop at chunked_prefill_size, or at max_total_tokens when that is smaller (1407-1420)
+    if not (geo.get("is_multimodal") or pp > 1 or o.get("enable_torch_compile") or o.get("disable_piecewise_cuda_graph")):
+        reserved += piecewise_graph_tokens(min(chunked, int(o.get("max_total_tokens") or chunked))) * 8
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     spec = o.get("speculative_algorithm")

@@ -22,6 +22,7 @@ import signal
 import time
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_options
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_restart as sr
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import toolchain
@@ -52,6 +53,15 @@ def model_weights_index(model_dir):
     return sum(os.path.getsize(os.path.join(model_dir, f)) for f in os.listdir(model_dir) if f.endswith(".safetensors"))
 
 
+def unplanned_warnings(options):
+    """What the memory plan does not account for: options without a row in the option table, and rows whose effect on
+    memory it does not model (sglang_options.unplanned)."""
+    unknown, unmodelled = sglang_options.unplanned(options)
+    out = ["the memory plan does not know whether option(s) %s change GPU memory: no row in the option table "
+           "(module_utils/sglang_options.py)" % ", ".join(unknown)] if unknown else []
+    return out + ["the memory plan does not model option %s: %s" % (k, sglang_options.ROWS[k].why) for k in unmodelled]
+
+
 def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=None, warn=None, environment=None):
     """The SGLang options -> the memory plan of this launch (sglang_plan.plan over the GPUs it will use), or None
     (with a warning) when the model's files are not there or the plan cannot be made."""
@@ -63,7 +73,7 @@ def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=
     if not os.path.isfile(cfg_path):
         warn("memory plan skipped: %s not found" % cfg_path)
         return None
-    tp = su.multinode.layout(options)["gpus_per_node"]     # this node's GPUs (tp_size over nnodes nodes)
+    tp = su.multinode.layout(options)["gpus_per_node"]     # this node's GPUs (tp_size x pp_size over nnodes nodes)
     base_gpu = int(options.get("base_gpu_id") or 0)
     sel = list(range(base_gpu, min(len(gpu_total_mib), base_gpu + tp))) or list(range(len(gpu_total_mib)))
     popts = su.plan_options(options)
@@ -75,6 +85,9 @@ def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=
         warn("memory plan failed: %s" % e)
         return None
     res.pop("model", None)
+    for msg in unplanned_warnings(options):
+        warn(msg)
+        res["warnings"].append(msg)
     return res
 
 
@@ -116,7 +129,12 @@ class Server(object):
         return os.path.join(self.p["root"], path.lstrip("/")) if self.p["root"] not in (None, "", "/") else path
 
     def run(self, args):
-        return self.m.run_command(args)
+        """rc 127 and the OS's reason when the program cannot run (a venv without its python, say): Ansible's own
+        handling would end the module with "Error executing command." and no stderr."""
+        try:
+            return self.m.run_command(args, handle_exceptions=False)
+        except OSError as e:
+            return 127, "", "%s: %s" % (args[0], e.strerror or e)
 
     def systemctl_do(self, verb, phase="not_started", remedy=None):
         rc, out, err = self.run([self.systemctl, verb, self.unit])

@@ -29,6 +29,7 @@ import os
 import re
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_multinode as multinode
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_options
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import LAUNCH_HEADER
 
 LAUNCHER_PATH = "/usr/local/lib/kpro-gpu-serving/sglang-launch"
@@ -38,18 +39,11 @@ ENV_FILE_DIR = "/etc/kpro-gpu-serving"
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 RESTART_DEFAULTS = {"restart": "on-failure", "restart_sec": 30, "start_limit_interval_sec": 3600, "start_limit_burst": 3}
 
-# The order of the well-known options in ExecStart; every other option follows sorted by name,
+# The order of the well-known options in ExecStart (the option table's); every other option follows sorted by name,
 # then ``extra`` verbatim.
-FLAG_ORDER = (
-    "model_path", "tokenizer_path", "served_model_name", "revision", "trust_remote_code", "dtype", "quantization",
-    "kv_cache_dtype", "tp_size", "dp_size", "pp_size", "context_length", "mem_fraction_static", "max_running_requests",
-    "max_total_tokens", "chunked_prefill_size", "max_mamba_cache_size", "mamba_ssm_dtype", "disable_radix_cache",
-    "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-    "cuda_graph_max_bs", "disable_cuda_graph", "disable_custom_all_reduce", "nnodes", "node_rank", "dist_init_addr",
-    "host", "port", "api_key",
-)
+FLAG_ORDER = sglang_options.FLAG_ORDER
 # Options that are not SGLang flags.
-NOT_FLAGS = frozenset(["extra"])
+NOT_FLAGS = sglang_options.NOT_FLAGS
 
 _OPTION_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -340,11 +334,8 @@ def config_fingerprint(unit_text, env_text):
     return h.hexdigest()
 
 
-# The SGLang options the memory plan reads, by SGLang's own names.
-PLAN_OPTIONS = ("tp_size", "context_length", "mem_fraction_static", "max_running_requests", "max_mamba_cache_size",
-                "mamba_full_memory_ratio", "mamba_ssm_dtype", "mamba_scheduler_strategy", "kv_cache_dtype", "dtype", "disable_radix_cache",
-                "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                "page_size", "chunked_prefill_size", "cuda_graph_max_bs", "nnodes", "node_rank")
+# The SGLang options the memory plan reads, by SGLang's own names: the option table's "sized" rows.
+PLAN_OPTIONS = sglang_options.names(sglang_options.SIZED)
 
 
 def plan_options(options):
@@ -513,15 +504,6 @@ FLAGS_PROBE = (
     "print(json.dumps(sorted(s for a in p._actions for s in a.option_strings if s.startswith('--'))))\n"
 )
 
-# option -> (low, high, low_open, high_open, remedy)
-_RANGES = {
-    "mem_fraction_static": (0.0, 1.0, True, True, "a fraction of each GPU's memory strictly between 0 and 1, e.g. 0.85"),
-    "port": (1, 65535, False, False, "a TCP port from 1 to 65535, e.g. 30000"),
-    "tp_size": (1, None, False, False, "a positive number of GPUs"),
-    "context_length": (1, None, False, False, "a positive number of tokens"),
-    "max_running_requests": (1, None, False, False, "a positive number"),
-}
-
 
 def unknown_options(options, flags):
     """Option keys whose flag the installed SGLang does not have: [(key, flag, close matches)]."""
@@ -539,23 +521,16 @@ def unknown_options(options, flags):
 
 
 def range_problems(options):
-    """[(key, message)] for values outside what SGLang can use (checked before the old server stops)."""
-    out = []
-    for key, (lo, hi, lo_open, hi_open, what) in sorted(_RANGES.items()):
-        value = (options or {}).get(key)
-        if value is None or value is False:
-            continue
-        try:
-            num = float(value)
-        except (TypeError, ValueError):
-            out.append((key, "%s=%r is not a number; give %s" % (key, value, what)))
-            continue
-        bad = (lo is not None and (num <= lo if lo_open else num < lo)) or (hi is not None and (num >= hi if hi_open else num > hi))
-        if key in ("port", "tp_size", "context_length", "max_running_requests") and num != int(num):
-            bad = True
-        if bad:
-            out.append((key, "%s=%s is out of range; give %s" % (key, value, what)))
-    return out + multinode.problems(options)
+    """[(key, message)] for values SGLang would refuse or misread (the option table's types, ranges and choices, the
+    multi-node rules), checked before the old server stops."""
+    o = options or {}
+    out = sglang_options.problems(o)
+    if not out and float(o.get("pp_size") or 1) > 1 and o.get("speculative_algorithm"):
+        # server_args.py:6786-6789 (check_server_args), an AssertionError before any GPU is touched
+        msg = ("pp_size=%s with speculative_algorithm=%s: SGLang refuses it (\"Pipeline parallelism is not compatible with "
+               "overlap schedule, speculative decoding\"); give pp_size 1 or no speculative decoding" % (o["pp_size"], o["speculative_algorithm"]))
+        out.append(("pp_size", msg))
+    return out + multinode.problems(o)
 
 
 def gpus_needed(options):

@@ -21,8 +21,9 @@ description:
     too), C(Restart=on-failure) with a bounded rate (O(restart_sec), O(start_limit_interval_sec), O(start_limit_burst))
     and O(timeout_stop_sec)."
   - "Before a (re)start, and before the running server is touched, the settings are validated: option names against
-    the installed SGLang's own flags (C(<venv>/bin/python) lists C(ServerArgs.add_cli_args)), value ranges
-    (C(mem_fraction_static) in (0, 1), C(port) in 1-65535, ...), C(tp_size) against the GPUs NVML sees, the port against
+    the installed SGLang's own flags (C(<venv>/bin/python) lists C(ServerArgs.add_cli_args)), the types, ranges and
+    choices of the options the collection's option table knows (C(mem_fraction_static) in (0, 1), C(port) in 1-65535,
+    C(disable_radix_cache) true or false, ...), C(tp_size) x C(pp_size) against the GPUs NVML sees, the port against
     listening sockets that are not this unit's (C(/proc/net/tcp), C(tcp6)), O(probe_regex); control characters in option
     and environment values are refused. All problems are reported together and the old server keeps serving."
   - The server is (re)started only when it is not running, when the rendered unit, environment file or launcher differ
@@ -34,7 +35,9 @@ description:
   - "Before a (re)start the memory-fit plan (the model's C(config.json) and C(model.safetensors.index.json), the NVML
     totals, the options) is checked; when the KV cache cannot hold one C(context_length) of O(options) request the module
     fails with phase V(kv_cache_oom) (V(weights_oom) when the weights alone do not fit), the numbers and the flag to
-    change, and nothing is changed."
+    change, and nothing is changed. The plan reads the options the option table marks as changing memory (C(tp_size),
+    C(pp_size), C(max_total_tokens), C(mem_fraction_static), ...); an option it does not account for is named in a
+    warning."
 author:
   - kpro.gpu_serving contributors (!UNKNOWN)
 options:
@@ -386,6 +389,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import names
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_ready import look_once, look_options
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_serve import Server
@@ -439,6 +443,7 @@ def main():
     server = Server(module)
     check, look = module.params["deployment_check"], module.params["look"]
     try:
+        names.check_unit_name(module.params["unit"])  # it names the unit's files: refused before anything is looked at
         look = look_options(look) if look is not None else None    # a bad key: refused before anything changes
         if check:   # sglang_deployment state=checked's step, first: a refused deployment leaves everything as it is
             server.result["deployment_recorded"] = dp.refuse_rolled_back(check, module.params["unit"])

@@ -95,7 +95,8 @@ def test_a_failed_host_stops_the_rollout_and_the_summary_shows_every_host(tmp_pa
     assert r.returncode == 2
     assert batches(r.stdout) == [["ct201", "gpu-a"], ["ct202", "gpu-b"]]      # gpu-c/gpu-d never touched
     rc = recap(r.stdout)
-    assert rc["ct202"][1] == 1 and rc["gpu-a"] == (0, 0) and rc["ct201"] == (0, 0) and "gpu-c" not in rc
+    # gpu-c's part of the run: the plan play's read of its containers' options only (skipped on a Proxmox host)
+    assert rc["ct202"][1] == 1 and rc["gpu-a"] == (0, 0) and rc["ct201"] == (0, 0) and rc.get("gpu-c", (0, 0)) == (0, 0)
     assert "gpu-a + ct201: serving" in r.stdout
     assert "gpu-b + ct202: FAILED on ct202" in r.stdout
     assert "gpu-c + ct301 + gpu-d + ct302: not touched (the rollout stopped before it)" in r.stdout
@@ -125,7 +126,7 @@ def test_a_container_does_not_run_its_stages_after_its_host_failed(tmp_path):
     assert "The Proxmox host gpu-b of this container failed its stages" in ct202
     assert "gpu-b + ct202: FAILED on gpu-b" in r.stdout
     rc = recap(r.stdout)
-    assert rc["gpu-b"][1] == 1 and rc["ct202"][1] == 1 and "gpu-c" not in rc
+    assert rc["gpu-b"][1] == 1 and rc["ct202"][1] == 1 and rc.get("gpu-c", (0, 0)) == (0, 0)
 
 
 def test_a_limited_run_plans_exactly_the_limited_units():
@@ -155,7 +156,8 @@ def test_a_limit_naming_part_of_a_unit_is_refused(limit, missing):
     assert r.returncode == 2, r.stdout[-3000:]
     assert "--limit names part of the rollout unit " + missing in r.stdout
     assert batches(r.stdout) == []                                 # the rollout play never ran
-    assert all(f == 1 for _c, f in recap(r.stdout).values())
+    # the plan's host fails (run_once); the others only had their options read
+    assert [h for h, (_c, f) in recap(r.stdout).items() if f] == [limit.split(":")[0]]
 
 
 def test_the_lab_inventory_runs_one_batch_with_changed_0(tmp_path):

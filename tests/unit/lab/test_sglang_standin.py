@@ -30,7 +30,7 @@ TOTAL_SIZE = 55400000000  # bytes in the real model's index (metadata.total_size
 sys.path.insert(0, STANDIN)
 from sglang.srt._kpro_lab import args as sargs  # noqa: E402
 from sglang.srt._kpro_lab import memory  # noqa: E402
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_plan, sglang_rules  # noqa: E402
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_log, sglang_plan, sglang_rules  # noqa: E402
 
 WHEEL = "sglang-0.5.11 wheel (pip download --no-deps sglang==0.5.11)"
 
@@ -343,6 +343,43 @@ def good_plan(lab):
                             gpu_total_mib=[TOTAL, TOTAL], gpu_baseline_mib=[BASELINE, BASELINE])
 
 
+@pytest.mark.parametrize("argv, opts", [
+    # one model over two pipeline stages of one GPU each: each GPU holds its stage (issue 29)
+    (["--tp-size", "1", "--pp-size", "2"], {"tp": 1, "pp_size": 2}),
+    # the KV pool capped below what the memory holds
+    (["--tp-size", "2", "--max-total-tokens", "100000"], {"tp": 2, "max_total_tokens": 100000}),
+], ids=["pp_size", "max_total_tokens"])
+def test_the_standin_holds_what_the_plan_plans(lab, argv, opts):
+    """The stand-in allocates per rank what the memory plan (sglang_plan.plan) plans for the same options: the weights
+    of each GPU and the KV pool's tokens."""
+    common = ["--context-length", "65536", "--mem-fraction-static", "0.85", "--max-running-requests", "16"]
+    lab.start(common + argv)
+    assert lab.wait_for(lambda: lab.get("/health")[0] == 200, 30), lab.text()[-3000:]
+    text = lab.text()
+    plan = sglang_plan.plan(str(lab.model / "config.json"), str(lab.model / "model.safetensors.index.json"),
+                            dict(opts, context_length=65536, mem_fraction_static=0.85, max_running_requests=16),
+                            gpu_total_mib=[TOTAL, TOTAL], gpu_baseline_mib=[BASELINE, BASELINE])
+    assert plan["fits"], plan["reason"]
+    prefixes = ["PP0", "PP1"] if opts.get("pp_size") else ["TP0", "TP1"]
+    for p in prefixes:
+        usage = re.search(r"%s\] Load weight end\. .* mem usage=([\d.]+) GB\." % p, text)
+        tokens = re.search(r"%s\] KV Cache is allocated\. #tokens: (\d+)," % p, text)
+        assert usage and tokens, text[-3000:]
+        assert float(usage.group(1)) == pytest.approx(plan["per_gpu"]["weights_mib"] / 1024.0, abs=0.02)
+        assert abs(int(tokens.group(1)) - plan["per_gpu"]["kv_tokens"]) <= 64
+    titles = sorted(g["processes"][0]["name"] for g in lab.state()["gpus"])
+    assert titles == ["sglang::scheduler_" + p for p in prefixes]
+    if opts.get("max_total_tokens"):
+        assert plan["per_gpu"]["kv_tokens"] == 100000 < plan["per_gpu"]["kv_capacity_tokens"]
+        assert "max_total_num_tokens=100000," in text
+    else:
+        # half of the layers on each GPU: about half the weights of one GPU holding them all
+        whole = sglang_plan.plan(str(lab.model / "config.json"), str(lab.model / "model.safetensors.index.json"), {"tp": 1},
+                                 gpu_total_mib=[TOTAL], gpu_baseline_mib=[BASELINE])
+        assert plan["per_gpu"]["weights_mib"] < whole["per_gpu"]["weights_mib"] * 0.55
+        assert "Pipeline parallelism is incompatible with overlap schedule." in text
+
+
 # ---- failures -----------------------------------------------------------------------------
 
 # The source text the stand-in follows, quoted from the sglang-0.5.11 wheel:
@@ -452,6 +489,9 @@ DRILLS = [
     ("nccl_error", -9, "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)", True),
     ("cuda_graph_failed", -9, "Exception: Capture cuda graph failed: CUDA out of memory.", True),
     ("init_failed_before_gpu", -9, "OSError: Can't load image processor for", False),
+    # the OOM killer's SIGKILL of a rank halfway through the shards: 0.5.11's main reports it and exits 1
+    ("host_oom_killed", 1, "scheduler died during initialization (exit code: -9)", True),
+    ("weights_load_failed", -9, "RuntimeError: Cannot find any model weights with `", True),
     ("port_in_use", 3, "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', %(port)d): address already in use", True),
     ("warmup_failed", -9, "Initialization failed. warmup error: Traceback", True),
 ]
@@ -465,6 +505,8 @@ def test_drill(lab, drill, rc, needle, touches_gpu):
     text = lab.text()
     assert got == rc, text[-3000:]
     assert needle % {"port": lab.port} in text
+    # the collection's diagnosis names the drill's phase from what the stand-in wrote
+    assert sglang_log.diagnose(text, exit_status=128 - got if got < 0 else got)["phase"] == drill
     peak = max(max(s) for s in samples)
     if touches_gpu:
         assert peak > BASELINE
@@ -478,6 +520,14 @@ def test_drill(lab, drill, rc, needle, touches_gpu):
         assert "Load weight end." not in text
     if drill == "nccl_error":
         assert "Init torch distributed ends." not in text
+    if drill == "host_oom_killed":
+        order_ok(text, ["Load weight begin.", "Loading safetensors checkpoint shards:", "Rank 1 scheduler died during initialization"])
+        assert "Load weight end." not in text and "Scheduler hit an exception" not in text
+        # the killed rank cannot free its memory: the driver does (the lab's reaper)
+        subprocess.run([sys.executable, "-m", "sglang.srt._kpro_lab.gpustate", "reap"], env=lab.env(), capture_output=True, check=True)
+    if drill == "weights_load_failed":
+        order_ok(text, ["Load weight begin.", "Scheduler hit an exception:", "model_loader/loader.py", "Cannot find any model weights"])
+        assert "Loading safetensors checkpoint shards" not in text
     if drill == "warmup_failed":
         order_ok(text, ["Uvicorn running on", '"POST /v1/chat/completions HTTP/1.1" 500', "Initialization failed. warmup error:"])
         assert "fired up" not in text

@@ -59,11 +59,10 @@ def _playbook():
         if filtered:
             # the filter's result names the arguments it was given
             given = dict((a, "{{ (%s)[%r] }}" % (filtered[0].strip()[2:-2].strip(), a)) for a in args)
-        if not given and isinstance(task.get("args"), str):
-            # arguments from one templated dict (args: "{{ ... }}"): each one resolved out of it
-            expr = task["args"].strip()[2:-2].strip()
-            given = dict((a, "{{ (%s)[%r] }}" % (expr, a)) for a in args)
         wanted = dict((a, given[a]) for a in args if a in given)
+        if isinstance(task.get("args"), str):
+            # arguments from one templated dict (args: "{{ ... }}"), under the module's own ones (those win, as in Ansible)
+            wanted["__args__"] = task["args"]
         if "ansible_python_interpreter" in task.get("vars", {}):
             wanted["python"] = task["vars"]["ansible_python_interpreter"]
         plays.append({
@@ -110,8 +109,10 @@ def resolved(tmp_path_factory):
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     out = dict((name, {}) for name in SCENARIOS)
     for m in re.finditer(r'^ok: \[(?:ct|node)_(\w+)\] => \{\s*"msg": "FACT (\d+) (.*)"$', p.stdout, re.M):
-        _hosts, role, _f, module, _a = STAGES[int(m.group(2))]
-        out[m.group(1)][(role, module.rsplit(".", 1)[1])] = json.loads(json.loads('"%s"' % m.group(3)))
+        _hosts, role, _f, module, args = STAGES[int(m.group(2))]
+        got = json.loads(json.loads('"%s"' % m.group(3)))
+        layer = got.pop("__args__", {})
+        out[m.group(1)][(role, module.rsplit(".", 1)[1])] = dict(dict((k, v) for k, v in layer.items() if k in args), **got)
     assert all(len(got) == len(STAGES) for got in out.values()), p.stdout[-4000:]
     return out
 

@@ -61,12 +61,14 @@ def test_the_look_is_the_gates_own_options_with_a_short_timeout():
     converge, wait, _keep = _gate_tasks()
     rv = _role_vars("sglang_server")
     assert converge["args"] == "{{ sglang_server__converge_args }}"
-    assert "{'look': sglang_server__look_args} if sglang_server_state == 'started'" in rv["sglang_server__converge_args"]
-    look, gate = rv["sglang_server__look_args"], wait["kpro.gpu_serving.sglang_gate"]
-    # the same values as the gate's own task, for every gate option that is not the launch's (omit: null in a dict)
-    assert set(look) == set(gate) & set(LOOK_KEYS), set(look) ^ (set(gate) & set(LOOK_KEYS))
-    for key, value in look.items():
-        assert value == gate[key].replace("default(omit)", "default(none)").split("   #")[0], key
+    assert "{'look': sglang_server__gate_args} if sglang_server_state == 'started'" in rv["sglang_server__converge_args"]
+    # the gate's options that are not the launch's, written once: the look, the wait and the restored deployment's gate
+    # all pass the one dict; the tasks add the launch's own (the restored gate: what its deployment recorded)
+    shared, restored = rv["sglang_server__gate_args"], _named(_tasks("sglang_server", "rollback.yml"), "Gate the restored deployment")
+    assert wait["args"] == restored["args"] == "{{ sglang_server__gate_args }}"
+    assert set(shared) <= set(LOOK_KEYS), set(shared) - set(LOOK_KEYS)
+    assert not set(wait["kpro.gpu_serving.sglang_gate"]) & set(shared)
+    assert set(restored["kpro.gpu_serving.sglang_gate"]) & set(shared) == {"expected_probe_regex", "sglang_version", "model_dir"}
     assert wait["kpro.gpu_serving.sglang_gate"]["timeout"] == "{{ sglang_server_gate_timeout }}"
     # the background wait is polled every sglang_server_gate_poll, whether or not this run restarted the server
     assert wait["poll"] == "{{ sglang_server_gate_poll }}"

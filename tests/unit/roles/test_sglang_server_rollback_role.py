@@ -37,6 +37,9 @@ SCENARIOS = {
 }
 
 
+RESTORED_KEYS = ("base_url", "served_model_name", "expected_probe_regex", "node_rank")
+
+
 def _tasks(name):
     with open(os.path.join(TASKS, name)) as f:
         return list(yaml.safe_load(f))
@@ -58,7 +61,9 @@ def _playbook():
     restored = _one(rollback, "kpro.gpu_serving.sglang_gate")
     wanted = {"ignore_errors": "{{ (%s) | bool }}" % gate["ignore_errors"].strip()[2:-2], "rollback": _cond(include["when"]),
               "record": _cond(record["when"]), "record_unit": record["kpro.gpu_serving.sglang_deployment"].get("unit", "")}
-    restored_args = dict((k, restored["kpro.gpu_serving.sglang_gate"][k]) for k in ("base_url", "expected_probe_regex", "node_rank"))
+    # the restored gate's arguments: the main gate's one dict (args), under the task's own ones (those win, as in Ansible)
+    restored_args = dict((k, v) for k, v in restored["kpro.gpu_serving.sglang_gate"].items() if k in RESTORED_KEYS)
+    restored_args["__args__"] = restored["args"]
     return [{"hosts": "all", "gather_facts": False, "tasks": [
         {"name": "load", "ansible.builtin.import_role": {"name": "kpro.gpu_serving.sglang_server"}, "when": False},
         {"name": "a failed gate", "ansible.builtin.set_fact": {
@@ -76,6 +81,9 @@ def _playbook():
 
 def _run(tmp, *args):
     got = resolve(tmp, dict(("ct_" + n, v) for n, v in SCENARIOS.items()), _playbook(), ("WIRED", "PASSED", "RESTORED"), *args)
+    for v in got.values():
+        layer = v["RESTORED"].pop("__args__")
+        v["RESTORED"] = dict(dict((k, x) for k, x in layer.items() if k in RESTORED_KEYS), **v["RESTORED"])
     return dict((h[3:], v) for h, v in got.items())
 
 
@@ -103,5 +111,6 @@ def test_only_a_passed_single_node_gate_is_recorded_under_the_unit(runs):
 
 def test_the_restored_gate_gets_the_main_gates_inputs(runs):
     real, _check = runs
-    assert real["restarted"]["RESTORED"] == {"base_url": "http://127.0.0.1:30001", "expected_probe_regex": "(?i)lyon", "node_rank": 0}
+    assert real["restarted"]["RESTORED"] == {"base_url": "http://127.0.0.1:30001", "served_model_name": "old",
+                                             "expected_probe_regex": "(?i)lyon", "node_rank": 0}
     assert real["base_url"]["RESTORED"]["base_url"] == "http://127.0.0.2:30001"

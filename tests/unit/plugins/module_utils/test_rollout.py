@@ -72,6 +72,24 @@ def test_the_nodes_of_a_server_must_agree():
     assert problems and problems[0].startswith("the multi-node server at 192.0.2.31:20000: node ranks [0, 0]")
 
 
+def test_the_nodes_agree_on_the_options_they_run_with():
+    """The raw inventory options agree (no tp_size in them); the options each node runs with (the role's merge, the fact
+    sglang_server_run_options) do not: TP 4 on one node, 2 on the other. Refused, naming both."""
+    raw = dict(TWO)
+    del raw["tp_size"]
+    hv = dict(HOSTVARS)
+    for name, rank, tp in (("ct301", 0, 4), ("ct302", 1, 2)):
+        hv[name] = {"pve_node_host": HOSTVARS[name]["pve_node_host"], "sglang_server_options": dict(raw, node_rank=rank)}
+    assert rollout.plan(GROUPS, hv)["problems"] == []       # without the fact: the inventory's options as they are
+    for name, rank, tp in (("ct301", 0, 4), ("ct302", 1, 2)):
+        hv[name] = dict(hv[name], sglang_server_run_options=dict(raw, node_rank=rank, tp_size=tp, model_path="/srv/m"))
+    assert rollout.plan(GROUPS, hv)["problems"] == [
+        "the multi-node server at 192.0.2.31:20000: tp_size differs between the nodes (ct301=4, ct302=2); it must be the same on "
+        "every node"]
+    # the units follow the options the nodes run with too: the merged nnodes / dist_init_addr group them
+    assert rollout.units(GROUPS["proxmox_hosts"], GROUPS["gpu_containers"], hv)[2] == ["gpu-c", "ct301", "gpu-d", "ct302"]
+
+
 def test_plan_under_a_limit_plans_only_the_named_units():
     p = rollout.plan(GROUPS, HOSTVARS, play_hosts=["gpu-b", "ct202"])
     assert p["units"] == [["gpu-b", "ct202"]] and p["serial"] == [2] and p["problems"] == []

@@ -113,7 +113,7 @@ def test_without_speculative_decoding_fits_at_65536():
 
 
 def test_worked_example_of_the_reference():
-    """sglang.md 4.4: 47.2 GiB free before weights, 26.5 GiB weights per rank."""
+    """This project's estimate (not measured): 47.2 GiB free before weights, 26.5 GiB weights per rank."""
     free = [47.2 * GIB_MIB]
     weights = int(2 * 26.5 * 2 ** 30)
     weights = {"metadata": {"total_size": weights}, "weight_map": {"model.language_model.embed_tokens.weight": "a"}}   # no mtp.*

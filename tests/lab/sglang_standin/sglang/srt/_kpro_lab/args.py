@@ -324,12 +324,17 @@ def prepare(argv):
         if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != a.speculative_num_steps + 1:
             util.bare("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1")
             a.speculative_num_draft_tokens = a.speculative_num_steps + 1
+    if a.pp_size > 1:
+        # 0.5.11 _handle_pipeline_parallelism (server_args.py:3175-3180)
+        a.disable_overlap_schedule = True
+        util.bare("Pipeline parallelism is incompatible with overlap schedule.")
     if a.mem_fraction_static is None:
         if gpu_mem is None:
             a.mem_fraction_static = 0.88
         else:
             a.mem_fraction_static = memory.default_mem_fraction(gpu_mem, a.tp_size, a.chunked_prefill_size, a.cuda_graph_max_bs,
-                                                                a.speculative_algorithm, facts, a.pp_size, version_tuple())
+                                                                a.speculative_algorithm, facts, a.pp_size, version_tuple(),
+                                                                a.max_total_tokens)
     return a, facts
 
 

@@ -1,4 +1,5 @@
-"""Model facts and SGLang's memory formulas (shared/reference/sglang.md section 4).
+"""Model facts and SGLang's memory formulas (sglang-0.5.9..0.5.11 wheels: srt/server_args.py,
+model_executor/model_runner_kv_cache_mixin.py; each formula cites its lines).
 
 All sizes are per TP rank. GiB values are floats (SGLang prints them as "GB").
 """
@@ -74,12 +75,16 @@ class ModelFacts(object):
         index = os.path.join(model_path, "model.safetensors.index.json")
         self.total_size = None
         self.shards = []
+        # whether the checkpoint holds an LM head of its own (its tensor names; else not tie_word_embeddings)
+        self.head_in_ckpt = not cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
         if os.path.isfile(index):
             with open(index) as f:
                 idx = json.load(f)
             self.total_size = int((idx.get("metadata") or {}).get("total_size", 0)) or None
             self.shards = sorted(set((idx.get("weight_map") or {}).values()))
             self.has_mtp = any("mtp" in name for name in (idx.get("weight_map") or {})) or not idx.get("weight_map")
+            if idx.get("weight_map"):
+                self.head_in_ckpt = any(name.endswith("lm_head.weight") for name in idx["weight_map"])
         else:
             self.has_mtp = True
         if self.total_size is None:
@@ -129,9 +134,46 @@ def mtp_bytes(facts):
     return sum(n for _name, n, _split in mtp_tensors(facts)) * dtype_bytes(facts.torch_dtype, 2)
 
 
-def weights_per_rank_bytes(facts, tp, dtype_scale=1.0):
-    """The target model's weights on one rank: the checkpoint less the mtp.* tensors its loader skips."""
-    return (facts.total_size - mtp_bytes(facts)) * dtype_scale / tp
+def pp_stages(num_layers, pp):
+    """[(start, end)] of each pipeline stage's decoder layers: 0.5.11 get_pp_indices (distributed/utils.py:99-135), the
+    last num_layers % pp stages one layer more."""
+    base, extra = divmod(num_layers, pp)
+    out, start = [], 0
+    for rank in range(pp):
+        n = base + (1 if rank >= pp - extra else 0)
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+def vision_params(facts):
+    """About the ViT tower's parameters (attention 4h^2 + MLP 2h x intermediate per block, the patch merger), as the
+    memory plan counts them (plugins/module_utils/sglang_plan.py _vision_params)."""
+    v = facts.vision or {}
+    h, inter = int(v.get("hidden_size") or 0), int(v.get("intermediate_size") or 0)
+    depth = int(v.get("depth") or v.get("num_hidden_layers") or 0)
+    merged = h * int(v.get("spatial_merge_size") or 2) ** 2
+    return depth * (4 * h * h + 2 * h * inter) + merged * merged + merged * int(v.get("out_hidden_size") or h)
+
+
+def weights_per_rank_bytes(facts, tp, dtype_scale=1.0, pp=1, stage=0):
+    """The target model's weights on one rank: the checkpoint less the mtp.* tensors its loader skips. With pp > 1, its
+    pipeline stage's: the stage's decoder layers (make_layers, models/qwen3_5.py:1046-1052), the ViT tower on every
+    stage (models/qwen3_vl.py:1099), the embedding on the first (qwen3_5.py:1019-1027) and an LM head of its own on the
+    last (qwen3_vl.py:1129-1145, also when tied)."""
+    total = facts.total_size - mtp_bytes(facts)
+    if pp > 1:
+        elem = dtype_bytes(facts.torch_dtype, 2)
+        emb, vit = facts.vocab * facts.hidden * elem, vision_params(facts) * elem
+        body = max(0.0, total - emb - vit - (emb if facts.head_in_ckpt else 0))
+        start, end = pp_stages(facts.num_layers, pp)[stage]
+        total = body * (end - start) / float(facts.num_layers) + vit + (emb if stage == 0 else 0) + (emb if stage == pp - 1 else 0)
+    return total * dtype_scale / tp
+
+
+def stage_kv_layers(facts, pp):
+    """The full-attention layers of each pipeline stage (the KV pool's layers, pool_configurator.py:83-91)."""
+    return [len([i for i in facts.full_layers if start <= i < end]) for start, end in pp_stages(facts.num_layers, pp)]
 
 
 def draft_weights_per_rank_bytes(facts, tp):
@@ -162,11 +204,13 @@ def mamba_cache_per_req(facts, tp, ssm_dtype):
     return (conv + ssm) * facts.linear_layers
 
 
-def default_mem_fraction(gpu_mem_mib, tp, chunked, cuda_graph_max_bs, spec_algo, facts, pp=1, version=(0, 5, 11, 0)):
+def default_mem_fraction(gpu_mem_mib, tp, chunked, cuda_graph_max_bs, spec_algo, facts, pp=1, version=(0, 5, 11, 0),
+                         max_total_tokens=None):
     """``_handle_gpu_memory_settings`` (0.5.11 server_args.py:1434-1484) plus the VLM adjustment (7137-7173, not rounded).
 
     0.5.10+: piecewise CUDA graphs are on unless disabled (off for multimodal models and pp > 1, 1194-1230) and add
-    8 MiB per captured size; EAGLE-family drafts reserve 4096 MiB. 0.5.9: piecewise graphs opt-in, drafts 2048 MiB
+    8 MiB per captured size (sizes up to chunked_prefill_size, or max_total_tokens when smaller: 1407-1420); EAGLE-family
+    drafts reserve 4096 MiB. 0.5.9: piecewise graphs opt-in, drafts 2048 MiB
     (0.5.9 server_args.py:1043-1057).
     """
     reserved = 512.0
@@ -175,7 +219,7 @@ def default_mem_fraction(gpu_mem_mib, tp, chunked, cuda_graph_max_bs, spec_algo,
     reserved += cuda_graph_max_bs * 2
     reserved += tp * pp / 8.0 * 1024
     if version >= (0, 5, 10, 0) and not facts.is_multimodal and pp == 1:
-        reserved += len(piecewise_graph_tokens(chunked)) * 8
+        reserved += len(piecewise_graph_tokens(min(chunked, max_total_tokens or chunked))) * 8
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     if spec_algo is not None:
@@ -229,10 +273,13 @@ def mamba_ratio(args, version):
 class PoolPlan(object):
     """``profile_max_num_token`` + ``handle_max_mamba_cache`` + ``init_memory_pool``."""
 
-    def __init__(self, facts, args, total_gpu_gib, available_gib, version=(0, 5, 11, 0)):
+    def __init__(self, facts, args, total_gpu_gib, available_gib, version=(0, 5, 11, 0), stage=0):
         tp = args.tp_size
         kv_bytes = dtype_bytes(args.kv_cache_dtype if args.kv_cache_dtype not in (None, "auto") else args.model_dtype, 2)
-        self.cell = cell_size(facts, tp, kv_bytes)
+        kv_layers = stage_kv_layers(facts, getattr(args, "pp_size", 1) or 1)
+        # every stage profiles the same (min-reduced) memory; its token count is min-reduced over the stages
+        # (0.5.11 model_runner_kv_cache_mixin.py:684-689): the cells of the stage with the most KV layers decide
+        self.cell = cell_size(facts, tp, kv_bytes, max(kv_layers))
         self.kv_bytes = kv_bytes
         self.rest_before_mamba = available_gib - total_gpu_gib * (1 - args.mem_fraction_static)
         rest = self.rest_before_mamba
@@ -293,7 +340,7 @@ class PoolPlan(object):
             self.inter_ssm_bytes = self.inter_conv_bytes = 0
         self.mamba_bytes = self.conv_bytes + self.ssm_bytes + self.inter_ssm_bytes + self.inter_conv_bytes if facts.hybrid else 0
         n = max(self.max_total_num_tokens, 0) + page
-        layers = len(facts.full_layers)
+        layers = kv_layers[stage]
         heads = kv_heads_per_rank(facts, tp)
         self.k_bytes = n * heads * facts.head_dim * layers * kv_bytes
         self.v_bytes = n * heads * facts.v_head_dim * layers * kv_bytes

@@ -46,9 +46,10 @@ def nnodes(a):
 
 
 def local_ranks(a):
-    """This node's global TP ranks."""
+    """This node's global ranks (tp_size x pp_size of them over the nodes; rank = pp_rank x tp_size + tp_rank)."""
     n = nnodes(a)
-    per = a.tp_size // n if a.tp_size % n == 0 else a.tp_size
+    world = a.tp_size * (getattr(a, "pp_size", 1) or 1)
+    per = world // n if world % n == 0 else world
     first = int(getattr(a, "node_rank", 0) or 0) * per if n > 1 else 0
     return list(range(first, first + per))
 
