@@ -261,5 +261,6 @@ def default_url(version, arch="x86_64"):
 
 
 def headers_packages(kernel_release):
-    """Candidates in order (pve-kernel debian/control.in: proxmox-headers-<kver> Provides pve-headers-<kver>): the exact kernel's headers, then the transitional name."""
+    """Candidates in order (pve-kernel debian/control.in: proxmox-headers-<kver> Provides pve-headers-<kver>): the
+    exact kernel's headers, then the transitional name."""
     return ["proxmox-headers-%s" % kernel_release, "pve-headers-%s" % kernel_release]

@@ -28,10 +28,10 @@ TABLE = ct.specifier_table("sglang@a-b.service", "/etc/systemd/system/sglang@.se
 ENV = {"A": "one two", "Q": 'x "y z"', "EMPTY": "", "INVOCATION_ID": "0" * 32}
 
 
-def argv(line, env=ENV):
+def argv(line, env=None):
     """The argv systemd executes for one ExecStart= value (one command)."""
     (cmd,) = ct.config_parse_exec(line, TABLE)
-    return cmd["argv"] if cmd["no_expand"] else ct.replace_env_argv(cmd["argv"], env)
+    return cmd["argv"] if cmd["no_expand"] else ct.replace_env_argv(cmd["argv"], ENV if env is None else env)
 
 
 @pytest.mark.parametrize("line, want", [
@@ -53,8 +53,8 @@ def test_dollar_expansion_and_unescaping(line, want):
     (r"/bin/x 'a\nb' \s \x41\101 \u00e9 \"q\"", ["/bin/x", "a\nb", " ", "AA", "\u00e9", '"q"']),  # C escapes, even in ''
     ("/bin/x a\\qb a\\; z\\", ["/bin/x", r"a\qb", r"a\;", "z\\"]),  # unknown escapes: kept verbatim (and a warning)
     (r"/bin/x \; ';' a;", ["/bin/x", ";", ";", "a;"]),      # "\;" and a quoted ";" are words
-    ("/bin/x %n %N %p %i %I %j %% 100%", ["/bin/x", "sglang@a-b.service", "sglang@a-b", "sglang", "a-b", "a/b", "", "%",
-                                           "100%"]),
+    ("/bin/x %n %N %p %i %I %j %% 100%",
+     ["/bin/x", "sglang@a-b.service", "sglang@a-b", "sglang", "a-b", "a/b", "", "%", "100%"]),
     ("/bin/x %t/%p.sock %-", ["/bin/x", "/run/sglang.sock", "%-"]),
 ])
 def test_quoting_escapes_and_specifiers(line, want):

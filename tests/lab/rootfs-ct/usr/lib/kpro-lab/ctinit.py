@@ -1457,13 +1457,14 @@ def properties(name):
 
 # The order of `systemctl show`: the D-Bus reply's (src/core/dbus-service.c, then the unit's cgroup, execute and kill
 # vtables, src/core/dbus-unit.c last), not the order of -p.
-SHOW_ORDER = ("Type", "Restart", "RestartUSec", "TimeoutStopUSec", "MainPID", "Result", "NRestarts", "ExecMainStartTimestamp",
-              "ExecMainExitTimestamp", "ExecMainPID", "ExecMainCode", "ExecMainStatus") + EXEC_KEYS + (
-              "ControlGroup", "MemoryCurrent", "TasksCurrent", "WorkingDirectory", "User", "KillMode", "KillSignal",
-              "Id", "Names", "Description", "LoadState", "ActiveState", "SubState", "FragmentPath", "UnitFileState",
-              "UnitFilePreset", "StateChangeTimestamp", "InactiveExitTimestamp", "ActiveEnterTimestamp",
-              "ActiveExitTimestamp", "InactiveEnterTimestamp", "CanStart", "CanStop", "NeedDaemonReload", "LoadError",
-              "InvocationID")
+SHOW_SERVICE = ("Type", "Restart", "RestartUSec", "TimeoutStopUSec", "MainPID", "Result", "NRestarts",
+                "ExecMainStartTimestamp", "ExecMainExitTimestamp", "ExecMainPID", "ExecMainCode", "ExecMainStatus")
+SHOW_UNIT = ("ControlGroup", "MemoryCurrent", "TasksCurrent", "WorkingDirectory", "User", "KillMode", "KillSignal",
+             "Id", "Names", "Description", "LoadState", "ActiveState", "SubState", "FragmentPath", "UnitFileState",
+             "UnitFilePreset", "StateChangeTimestamp", "InactiveExitTimestamp", "ActiveEnterTimestamp",
+             "ActiveExitTimestamp", "InactiveEnterTimestamp", "CanStart", "CanStop", "NeedDaemonReload", "LoadError",
+             "InvocationID")
+SHOW_ORDER = SHOW_SERVICE + EXEC_KEYS + SHOW_UNIT
 FEATURES = ("+PAM +AUDIT +SELINUX +APPARMOR +IMA +SMACK +SECCOMP +GCRYPT -GNUTLS +OPENSSL +ACL +BLKID +CURL +ELFUTILS "
             "+FIDO2 +IDN2 -IDN +IPTC +KMOD +LIBCRYPTSETUP +LIBFDISK +PCRE2 -PWQUALITY +P11KIT +QRENCODE +TPM2 +BZIP2 +LZ4 "
             "+XZ +ZLIB +ZSTD -BPF_FRAMEWORK -XKBCOMMON +UTMP +SYSVINIT default-hierarchy=unified")
