@@ -11,7 +11,7 @@ converges once (not measured), then runs ``ansible-playbook -i inventories/lab
 playbooks/migrate-kpro6-to-kpro5.yml`` N times and prints, per run, the wall time, the number of
 tasks per host and the recap's changed count (must be 0). Prints the median and max. The lab is
 brought down afterwards if this script brought it up (unless --keep). Not a unit test: timings
-depend on the machine (the README's figures: 2 cores, 24 GiB). Aim: 12 s or less.
+depend on the machine (docs/performance.md figures: 2 cores, 24 GiB). Aim: 12 s or less.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ ansible.builtin.ssh connection), and a play of no task as the baseline (ansible'
 Every run starts with no shared SSH connection (a fresh ANSIBLE_SSH_CONTROL_PATH_DIR), so
 opening it is counted. --unshared adds a row for pct with ``pct_control_persist=no`` (a new
 SSH connection per task, as before the shared connection). Not a unit test: timings depend on
-the machine (the README's figures: 2 cores). Aim: pct within 1.2x of SSH.
+the machine (docs/performance.md figures: 2 cores). Aim: pct within 1.2x of SSH.
 """
 
 from __future__ import annotations

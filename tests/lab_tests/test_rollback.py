@@ -4,7 +4,7 @@ From the converged lab (test_serve_safety's fixture), the serve stage runs with 
 the gate: the unit's environment sets KPRO_LAB_SGLANG_DRILL (the stand-in reads it before the lab's drill file,
 tests/lab/sglang_standin/sglang/srt/_kpro_lab/util.py read_drills), so only that deployment fails and the restored one,
 without it, serves. The play fails with the gate's phase and "rolled back to ..., serving again"; the time from the
-failure to serving again is printed (README "Rollback"). The same configuration again fails fast and leaves the restored
+failure to serving again is printed (docs/user-guide.md "Rollback"). The same configuration again fails fast and leaves the restored
 server running; a run of the recorded configuration then passes the gate without a restart.
 """
 

@@ -130,7 +130,7 @@ def test_a_container_does_not_run_its_stages_after_its_host_failed(tmp_path):
 
 
 def test_a_limited_run_plans_exactly_the_limited_units():
-    r = play(FLEET, "--limit", "gpu-b:ct202")                     # README "Scaling"
+    r = play(FLEET, "--limit", "gpu-b:ct202")                     # docs/scaling.md
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert batches(r.stdout) == [["ct202", "gpu-b"]]
     assert set(recap(r.stdout)) == {"gpu-b", "ct202"}

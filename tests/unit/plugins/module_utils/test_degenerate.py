@@ -52,7 +52,7 @@ def fresh(split, expected):
     return [p for p in FRESH if load(p)[0]["split"] == split and load(p)[0]["expected"] == expected]
 
 
-# The scores the README reports. A change to the filter that moves them updates the README with them.
+# The scores docs/lab.md reports. A change to the filter that moves them updates docs/lab.md with them.
 TUNE_MISSES = {"subtle_salad_ollama_2650.txt"}      # a coherent answer with a few misspelt words ("thtough")
 # '38"4EC$!31=.4<H0+...': its two dollar signs read as inline math ($...$), which spares short letter runs
 HELDOUT_MISSES = {"symbol_salad_lmstudio_bug_tracker_47.txt"}
@@ -92,7 +92,7 @@ def test_tune_half_degenerate_outputs_are_caught(path):
 
 @pytest.mark.parametrize("path", fresh("heldout", "degenerate"), ids=[name(p) for p in fresh("heldout", "degenerate")])
 def test_heldout_half_degenerate_outputs(path):
-    # the held-out half was not tuned on: this pins the score the README reports (15 of 16)
+    # the held-out half was not tuned on: this pins the score docs/lab.md reports (15 of 16)
     res = dg.detect(load(path)[1])
     assert res["degenerate"] is (name(path) not in HELDOUT_MISSES), res
 
