@@ -60,6 +60,8 @@ MATCHES = ("exact", "lines", "number", "word")
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # the kinds a reasoning parser (or its absence) causes: their remedy is the parser's, not the suspects'
 PARSER_KINDS = ("reasoning_only", "thinking_in_content")
+# The gate's content probe by default (sglang_gate's probe_prompt, expected_probe_regex; the role's sglang_server_probe).
+PROBE_PROMPT, PROBE_REGEX = "The capital city of France is", "(?i)paris"
 SPEC_KEYS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
 
 THINK_START, THINK_END = "<think>", "</think>"
@@ -278,6 +280,37 @@ def spec_on(server_args):
     return bool((server_args or {}).get("speculative_algorithm"))
 
 
+# The collection's own expectations (its checks, its probe): a healthy server of the supported models meets them, so a
+# miss is the server's. A run's own check or probe regex, or a min_mean_logprob floor (the run's: null by default), may
+# be what cannot be met.
+_SHIPPED = set((c["prompt"], str(c["expected"])) for c in DEFAULT_CHECKS) | {(PROBE_PROMPT, "text matching %r" % PROBE_REGEX)}
+
+
+def _own_expectation(r):
+    """Whether a failed check missed an expectation the run set: a readable answer (not garbage, not the parser's)."""
+    return r["kind"] == "low_logprob" or (r["kind"] == "wrong" and (r["prompt"], r["expected"]) not in _SHIPPED)
+
+
+def _fix_of(r):
+    if r["kind"] == "low_logprob":
+        return "%r: its min_mean_logprob (from a known-good run's mean_logprob, or null)" % r["name"]
+    if r["name"] == "probe":
+        return "the probe: sglang_server_probe.regex (the gate's expected_probe_regex)"
+    return "%r: its expected and match in sglang_server_known_answer.checks (the gate's known_answer_checks)" % r["name"]
+
+
+def expectation_suspect(failed, passed=0):
+    """The suspect "the check's own expectation" of the failed checks that missed one the run set, or None."""
+    own = [r for r in failed if _own_expectation(r)]
+    if not own:
+        return None
+    return {"suspect": "the check's own expectation, on a server that is otherwise healthy (ready, /health, the content probe "
+                       "readable, %d other check(s) passed): %s" % (passed, "; ".join(
+                           "%r expects %s and got %s (%s)" % (r["name"], _show(r["expected"], 80), _show(r["received"], 80), r["why"])
+                           for r in own)),
+            "remedy": "if the answer is right, fix the check: " + "; ".join(_fix_of(r) for r in own)}
+
+
 def suspects(server_args, version=None, architecture=None, config=None):
     """The suspects of a wrong answer, most likely first, each dict(suspect, remedy): speculative decoding when on, the
     SGLang version against the compatibility table, tensor parallelism when tp > 1."""
@@ -365,7 +398,9 @@ def _parser_remedy(failed, server_args, architecture):
 
 def failure(result, server_args=None, version=None, architecture=None, config=None):
     """dict(phase, evidence, remedy) for a known-answer result that did not pass: ``wrong_answer`` (a readable wrong answer,
-    the answer only in reasoning_content, a low logprob), ``degenerate_output`` (garbage), ``warmup_failed`` (no answer)."""
+    the answer only in reasoning_content, a low logprob), ``degenerate_output`` (garbage), ``warmup_failed`` (no answer).
+    A readable miss of an expectation the run set (its own check, probe regex or logprob floor) makes that expectation a
+    suspect: the first one when no other check failed, so a check that can never pass is not blamed on the server."""
     failed = [r for r in result["checks"] if not r["ok"]]
     phase = _phase(failed)
     evidence = []
@@ -382,6 +417,9 @@ def failure(result, server_args=None, version=None, architecture=None, config=No
     if all(r["kind"] in PARSER_KINDS for r in failed):
         return {"phase": phase, "evidence": evidence, "remedy": _parser_remedy(failed, server_args, architecture)}
     found = suspects(server_args, version, architecture, config)
+    own = expectation_suspect(failed, len(result["checks"]) - len(failed))
+    if own:  # first when every failed check missed an expectation the run set; else after the server's suspects
+        found = [own] + found if all(_own_expectation(r) for r in failed) else found + [own]
     evidence += ["suspect %d: %s" % (i + 1, s["suspect"]) for i, s in enumerate(found)]
     what = "degenerate text" if phase == "degenerate_output" else "wrong answers" if phase == "wrong_answer" else "no answer"
     remedy = "The server answers with %s to %d of %d known-answer checks at temperature 0. Suspects, most likely first: %s" % (

@@ -219,3 +219,62 @@ def test_separated_thinking_passes_and_a_wrong_answer_with_thinking_still_gets_t
 
 def test_the_parser_is_known_for_qwen3_only():
     assert ka.reasoning_parser_for(QWEN35) == "qwen3" and ka.reasoning_parser_for("LlamaForCausalLM") is None
+
+
+# A check of the run's own that no healthy server can pass (issue 30): the Qwen3 answers "Paris", the check wants "Lyon"
+OWN = {"name": "capital", "endpoint": "chat", "prompt": "What is the capital of France? Answer with the city name only.",
+       "expected": "Lyon", "match": "word", "max_tokens": 16}
+
+
+def with_own(answers, own_answer):
+    post = fake_server(answers)
+    return lambda path, body: (200, own_answer) if body.get("messages", [{}])[0].get("content") == OWN["prompt"] else post(path, body)
+
+
+def _suspects(bad):
+    return [e for e in bad["evidence"] if e.startswith("suspect")]
+
+
+def test_a_check_that_cannot_pass_on_a_healthy_server_names_its_expectation_first():
+    res = ka.run_checks(with_own(GOOD, _chat("Paris")), ka.DEFAULT_CHECKS + [OWN], "m")
+    bad = ka.failure(res, {"tp_size": 2, "speculative_algorithm": "NEXTN"}, "0.5.11", QWEN35, {})
+    sus = _suspects(bad)
+    assert bad["phase"] == "wrong_answer" and len(sus) == 4
+    assert sus[0] == ("suspect 1: the check's own expectation, on a server that is otherwise healthy (ready, /health, the content "
+                      "probe readable, 6 other check(s) passed): 'capital' expects 'Lyon' and got 'Paris' ('Lyon' is not in the answer)")
+    assert sus[1].startswith("suspect 2: speculative decoding") and sus[2].startswith("suspect 3: SGLang 0.5.11")
+    assert sus[3].startswith("suspect 4: tensor")
+    fix = "(1) the check's own expectation"
+    assert bad["remedy"].index(fix) < bad["remedy"].index("(2) speculative") < bad["remedy"].index("(4) tensor")
+    assert "if the answer is right, fix the check: 'capital': its expected and match in sglang_server_known_answer.checks" \
+        in bad["remedy"]
+
+
+def test_a_check_of_the_collection_that_fails_keeps_the_server_first():
+    # the default count check with two lines glued (a draft token dropped) and the run's own check failing too: the server
+    # is not otherwise healthy, so the server's suspects come first and the run's expectation last
+    answers = dict(GOOD, count=_chat(COUNT.replace("3\n4", "34")))
+    bad = ka.failure(ka.run_checks(with_own(answers, _chat("Paris")), ka.DEFAULT_CHECKS + [OWN], "m"),
+                     {"tp_size": 2, "speculative_algorithm": "NEXTN"}, "0.5.11", QWEN35, {})
+    sus = _suspects(bad)
+    assert sus[0].startswith("suspect 1: speculative decoding") and sus[-1].startswith("suspect 4: the check's own expectation")
+    assert "'capital' expects 'Lyon'" in sus[-1] and "'count'" not in sus[-1]
+    # the collection's own check alone: no expectation suspect at all
+    bad = ka.failure(ka.run_checks(fake_server(answers), ka.DEFAULT_CHECKS, "m"), {"tp_size": 2}, "0.5.11", QWEN35, {})
+    assert not any("own expectation" in s for s in _suspects(bad)) and "fix the check" not in bad["remedy"]
+
+
+def test_a_logprob_floor_and_a_probe_regex_of_the_run_are_named_first():
+    low = dict(GOOD, logprob=_text(" Paris.", [-2.5, -2.1]))
+    checks = ka.DEFAULT_CHECKS[:4] + [dict(ka.DEFAULT_CHECKS[4], min_mean_logprob=-1.0)]
+    bad = ka.failure(ka.run_checks(fake_server(low), checks, "m"), {"tp_size": 2}, "0.5.11", QWEN35, {})
+    assert _suspects(bad)[0].startswith("suspect 1: the check's own expectation") and "'logprob': its min_mean_logprob" in bad["remedy"]
+    res = ka.run_checks(fake_server(GOOD), ka.DEFAULT_CHECKS, "m")
+    res["checks"].insert(0, ka.probe_check(ka.PROBE_PROMPT, "(?i)lyon", " Paris, the city of light"))
+    res["passed"] = False
+    bad = ka.failure(res, {"tp_size": 2}, "0.5.11", QWEN35, {})
+    assert "'probe' expects \"text matching '(?i)lyon'\" and got ' Paris, the city of light'" in _suspects(bad)[0]
+    assert "fix the check: the probe: sglang_server_probe.regex (the gate's expected_probe_regex)" in bad["remedy"]
+    # the collection's probe regex missed by readable text: the server's suspects only
+    res["checks"][0] = ka.probe_check(ka.PROBE_PROMPT, ka.PROBE_REGEX, " Lyon")
+    assert _suspects(ka.failure(res, {"tp_size": 2}, "0.5.11", QWEN35, {}))[0].startswith("suspect 1: SGLang 0.5.11")

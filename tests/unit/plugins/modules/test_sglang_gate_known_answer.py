@@ -86,3 +86,18 @@ def test_the_check_can_be_turned_off(serve_lab):
     serve_lab.launch("ka0002", drill="dropped_draft_tokens")
     res = gate(serve_lab, "ka0002", True, known_answer_checks=[])
     assert res["phase"] == "ready" and res["known_answer"] is None
+
+
+def test_a_check_that_cannot_pass_on_a_healthy_server_is_named_before_the_server(serve_lab):
+    # issue 30: a healthy server (ready, /health, the probe and the collection's checks pass) fails only a check of the
+    # run's own that expects what the model never answers: the check's expectation is suspect 1, not the version or tp
+    serve_lab.launch("ka-owncheck")
+    own = {"name": "capital_jp", "endpoint": "chat", "prompt": "What is the capital of Japan? Answer with the city name only.",
+           "expected": "Kyoto", "match": "word", "max_tokens": 16}
+    res = gate(serve_lab, "ka-owncheck", False, known_answer_checks=[own])
+    assert res["phase"] == "wrong_answer" and [c["received"] for c in res["known_answer"]["checks"]] == ["Tokyo"]
+    ev = [e for e in res["evidence"] if e.startswith("suspect")]
+    assert ev[0].startswith("suspect 1: the check's own expectation, on a server that is otherwise healthy") and \
+        "'capital_jp' expects 'Kyoto' and got 'Tokyo'" in ev[0], ev
+    assert ev[1].startswith("suspect 2: SGLang 0.5.11") and ev[2].startswith("suspect 3: tensor parallelism")
+    assert res["remedy"].index("sglang_server_known_answer.checks") < res["remedy"].index("(2) SGLang 0.5.11")
