@@ -132,8 +132,9 @@ def test_drifted_uvm_node_restarts_the_container_and_a_lock_is_reported(lab):
 def test_preflight_refusals_name_the_cause(lab, tmp_path):
     """Each preflight check that merged into one task still refuses with its own words, on the host it concerns, and
     changes nothing: the API's TLS (a CA that did not sign the node's certificate, through the pve_api lookup), the
-    Proxmox VE release, the host's room for the driver, a container that is not configured, the model's disk, a Python
-    of the container with no lock (a stand-in that answers as a Python 3.14 would: the locks are for 3.11, 3.12, 3.13)."""
+    Proxmox VE release, the host's room for the driver, a container that is not configured, a VM's id in its place,
+    the model's disk, a Python of the container with no lock (a stand-in that answers as a Python 3.14 would: the
+    locks are for 3.11, 3.12, 3.13)."""
     py314 = "/usr/local/bin/python3.14"
     lab.exec("pct", "exec", "129", "--", "sh", "-c", "printf '#!/bin/sh\\necho 3.14\\n' > %s && chmod 755 %s" % (py314, py314))
     other_ca = tmp_path / "other-ca.pem"
@@ -146,6 +147,9 @@ def test_preflight_refusals_name_the_cause(lab, tmp_path):
         ("kpro5", ["bytes free under /var/cache, 1000000000000000 needed."],
          ["-e", "preflight_host_min_free_bytes=1000000000000000"]),
         ("ct129", ["Container 998 is not configured on kpro5", "998"], ["-e", "pve_vmid=998"]),
+        # the lab's VM 110 (seed.py: /etc/pve/nodes/kpro5/qemu-server/110.conf) named in place of the container
+        ("ct129", ["pve_vmid 110 on kpro5 is a QEMU VM, not a container: set pve_vmid to the LXC container's id (pct list)",
+                   "Nothing was changed"], ["-e", "pve_vmid=110"]),
         ("ct129", ["but the model needs 1000000000000000: grow the container's rootfs (pct resize 129 rootfs +NG)"],
          ["-e", "preflight_model_bytes=1000000000000000"]),
         ("ct129", ["CT 129 runs Debian GNU/Linux 12 (bookworm) (x86_64) with Python 3.14 (%s)" % py314,
@@ -166,6 +170,19 @@ def test_preflight_refusals_name_the_cause(lab, tmp_path):
             assert s not in r.stdout
         assert disk_digest() == before
     lab.exec("pct", "exec", "129", "--", "rm", "-f", py314)
+
+
+def test_a_vm_id_in_place_of_the_container_stops_its_host_before_any_stage(lab):
+    """A whole run with a VM's id as pve_vmid: the container's preflight refuses it, and its Proxmox host does not go on
+    to stages 1-3 for a container that left the run (the plan play's check); the node's disk is unchanged."""
+    before = disk_digest()
+    r = play("-e", "pve_vmid=110")
+    flat = " ".join(r.stdout.split())
+    assert recap(r.stdout, "ct129")["failed"] == 1 and recap(r.stdout, "kpro5")["failed"] == 1, r.stdout[-3000:]
+    assert "pve_vmid 110 on kpro5 is a QEMU VM, not a container" in flat, r.stdout[-3000:]
+    assert "ct129 of this host failed the preflight: nothing is changed on kpro5" in flat, r.stdout[-3000:]
+    assert "Stage 1-2" not in r.stdout, r.stdout[-3000:]
+    assert disk_digest() == before
 
 
 def test_a_login_banner_on_the_host_changes_no_reading(lab):
