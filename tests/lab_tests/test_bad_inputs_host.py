@@ -161,9 +161,11 @@ def test_preflight_refusals_name_the_cause(lab, tmp_path):
         before = disk_digest()
         r = play("--tags", "preflight", *extra)
         assert recap(r.stdout, host)["failed"] == 1, (extra, r.stdout[-3000:])
-        if host != "kpro5":  # a container's refusal is its own: its host passes
-            assert recap(r.stdout)["failed"] == 0, (extra, r.stdout[-3000:])
         flat = " ".join(r.stdout.split())
+        if host != "kpro5":  # a container's refusal is its own: its host stops for it (the plan play), not for itself
+            assert recap(r.stdout)["failed"] == 1, (extra, r.stdout[-3000:])
+            assert "ct129 of this host failed the preflight: nothing is changed on kpro5" in flat, r.stdout[-3000:]
+            assert flat.count("fatal: [kpro5]") == 1, (extra, r.stdout[-3000:])
         for needle in needles:
             assert needle in flat, (needle, r.stdout[-3000:])
         for s in secrets():
