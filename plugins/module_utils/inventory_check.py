@@ -29,7 +29,7 @@ CONCERNS = {
                             "gpu_container_driver_checksum", "gpu_container_driver_path", "gpu_container_driver_src"),
     "lock": ("sglang_install_version", "sglang_install_python", "sglang_install_lock_file"),
     "model": ("model_repo_id", "model_revision", "hf_token", "model_hf_token"),
-    "server": ("sglang_server_api_key",),
+    "server": ("sglang_server_api_key", "sglang_server_options", "sglang_install_tp"),
 }
 GROUP_CONCERNS = {
     "proxmox_hosts": ("api", "host_installer"),
@@ -320,13 +320,31 @@ def model_problems(host, inputs):
 
 
 def server_problems(host, inputs):
-    """The server's API key: an example's placeholder is refused, no key at all is a warning (an open endpoint)."""
+    """The server's API key (an example's placeholder is refused, no key at all is a warning: an open endpoint), and
+    its TP size, whose one owner is sglang_install_tp (tp_size_problems)."""
+    out = tp_size_problems(host, inputs)
     if "sglang_server_api_key" in inputs.unresolved:
-        return []
+        return out
     if not inputs.text("sglang_server_api_key"):
-        return [problem(host, "sglang_server_api_key", "empty: the server answers every client without a key",
-                        "set it from the vault (vault_sglang_api_key)", "warning")]
-    return secret_problems(host, inputs, "sglang_server_api_key", "a key of your own (vault_sglang_api_key)")
+        return out + [problem(host, "sglang_server_api_key", "empty: the server answers every client without a key",
+                              "set it from the vault (vault_sglang_api_key)", "warning")]
+    return out + secret_problems(host, inputs, "sglang_server_api_key", "a key of your own (vault_sglang_api_key)")
+
+
+def tp_size_problems(host, inputs):
+    """tp_size in sglang_server_options: the role sets it from sglang_install_tp, which the install stage's
+    compatibility table is asked about too; a second value there either repeats it or contradicts the table's answer."""
+    options = inputs.get("sglang_server_options") or {}
+    if "sglang_server_options" in inputs.unresolved or not isinstance(options, dict) or options.get("tp_size") is None:
+        return []
+    tp, given = inputs.text("sglang_install_tp"), str(options["tp_size"]).strip()
+    if not tp:
+        return []
+    if given == tp:
+        return [problem(host, "sglang_server_options.tp_size", "repeats sglang_install_tp (%s)" % tp,
+                        "drop it: the role sets tp_size from sglang_install_tp", "warning")]
+    return [problem(host, "sglang_server_options.tp_size", "%s, but sglang_install_tp is %s (the compatibility table "
+                    "was asked about %s)" % (given, tp, tp), "set sglang_install_tp: %s and drop tp_size here" % given)]
 
 
 def host_problems(inputs, host, defaults=None, lock_dir=""):

@@ -70,7 +70,8 @@ def test_the_two_node_server_has_ranks_0_and_1_and_one_init_address():
     with open(os.path.join(FLEET, "hosts.yml")) as f:
         hosts = yaml.safe_load(f)["all"]["children"]["gpu_containers"]["children"]["two_node_server"]["hosts"]
     with open(os.path.join(FLEET, "group_vars", "two_node_server.yml")) as f:
-        options = yaml.safe_load(f)["sglang_server_options"]
+        gv = yaml.safe_load(f)
+    options = dict(gv["sglang_server_options"], tp_size=gv["sglang_install_tp"])  # as the role merges them
     members = dict((name, dict(options, node_rank=h["sglang_node_rank"])) for name, h in hosts.items())
     assert mn.group_problems(members) == []
     assert all(mn.problems(o) == [] for o in members.values())

@@ -243,3 +243,23 @@ def test_sglang_lock_pythons_lists_the_collections_locks_in_version_order():
     assert flt.sglang_lock_pythons(locks, "0.5.11", "x86_64") == ["3.11", "3.12", "3.13"]
     assert flt.sglang_lock_pythons(locks, "0.5.11") == ["3.11", "3.12", "3.13"]
     assert flt.sglang_lock_pythons(locks, "0.5.11", "aarch64") == [] and flt.sglang_lock_pythons(locks, "9.9") == []
+
+
+@pytest.mark.parametrize("options, tp, expected", [
+    ({"context_length": 32768}, 2, []),
+    ({"tp_size": None}, 2, []),
+    ({"tp_size": 2}, 2, ["h1: sglang_server_options.tp_size: repeats sglang_install_tp (2) - drop it: the role sets "
+                         "tp_size from sglang_install_tp"]),
+    ({"tp_size": 4}, 2, ["h1: sglang_server_options.tp_size: 4, but sglang_install_tp is 2 (the compatibility table was "
+                         "asked about 2) - set sglang_install_tp: 4 and drop tp_size here"]),
+])
+def test_tp_size_has_one_owner_sglang_install_tp(options, tp, expected):
+    got = lines("server", dict(sglang_server_options=options, sglang_install_tp=tp, sglang_server_api_key=SECRET))
+    assert got == expected
+
+
+def test_tp_size_left_to_the_role_default_of_sglang_install_tp():
+    got = lines("server", dict(sglang_server_options={"tp_size": 8}, sglang_server_api_key=SECRET),
+                defaults=dict(ROLE_DEFAULTS, sglang_install_tp=2), level="error")
+    assert got == ["h1: sglang_server_options.tp_size: 8, but sglang_install_tp is 2 (the compatibility table was asked "
+                   "about 2) - set sglang_install_tp: 8 and drop tp_size here"]
