@@ -17,7 +17,8 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Fa
 
 RUNNING_STATES = ("active", "activating", "reloading")
 
-REMEDY_SETTINGS = "Fix each setting named in sglang_server_options and re-run; the running server was left serving."
+REMEDY_SETTINGS = ("Fix each setting named (sglang_server_options, sglang_server_environment, sglang_server_model_dir) and "
+                   "re-run; the running server was left serving.")
 REMEDY_OPTION = "Fix the value it names (sglang_server_options or sglang_server_environment); nothing was changed."
 
 
@@ -73,12 +74,13 @@ def options_refusal(options, api_key):
     return None
 
 
-def setting_problems(options, flags, gpu_count, port_busy):
+def setting_problems(options, flags, gpu_count, port_busy, found=()):
     """Every problem of the settings that needs no change to find: (problems, phase).
 
     ``flags``: the installed SGLang's flags (None: not checked); ``gpu_count``: GPUs NVML sees;
-    ``port_busy(port)``: whether another process listens on the port. The phase is ``port_in_use`` when that is
-    the only problem, else ``not_started``."""
+    ``port_busy(port)``: whether another process listens on the port; ``found``: the container's own checks'
+    problems (sglang_prestop), reported with these. The phase is ``port_in_use`` when that is the only problem, else
+    ``not_started``."""
     problems = []
     for key, flag, close in su.unknown_options(options, flags) if flags else []:
         problems.append("option %s: the installed SGLang has no %s%s" % (key, flag, (" (did you mean %s?)" % ", ".join(close)) if close else ""))
@@ -88,6 +90,7 @@ def setting_problems(options, flags, gpu_count, port_busy):
     if need > gpu_count:
         problems.append("option tp_size: the server needs %d GPUs (tp_size x pp_size x dp_size from base_gpu_id) but NVML sees %d "
                         "in this container; lower tp_size or pass more GPUs to the container" % (need, gpu_count))
+    problems += list(found)
     port = options.get("port", 30000)
     if not any(k == "port" for k, _m in ranges) and port_busy(port):
         problems.append("option port: port %s is taken by another process (not this unit's server): stop it (ss -ltnp "

@@ -5,7 +5,8 @@
 
     options --render()--> unit, environment, secret file (ExecStart built once, sglang_unit.render_service)
             --restart decision (sglang_restart.restart_reasons, on the fingerprint; lock_reasons, on the venv's lock)
-            --checks before the running server is touched (sglang_restart.setting_problems)
+            --checks before the running server is touched (sglang_restart.setting_problems, sglang_prestop: the model
+              directory, host, environment, and the installed SGLang's own parse of the argument vector)
             --plan_launch()--> the memory plan, once (sglang_plan.plan), refused when it does not fit
             --launch: stop, wait until NVML shows the memory released, start, the launch id
     and the module's result carries the plan to the gate (sglang_gate's ``plan``).
@@ -23,6 +24,7 @@ import time
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_prestop as sp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_restart as sr
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import toolchain
@@ -212,14 +214,23 @@ class Server(object):
 
     # ---- checks before the running server is touched --------------------------------
     def known_flags(self):
+        """(the installed SGLang's flags, its parser's refusal of this launch's arguments or None), one round trip; the
+        flags are None (a warning) when the venv's Python cannot list them."""
         py = self.p["python"] or os.path.join(self.p["venv"], "bin", "python")
-        rc, out, err = self.run([py, "-c", su.FLAGS_PROBE])
+        rc, out, err = self.run([py, "-c", su.FLAGS_PROBE] + su.render_flags(self.opts))
         try:
-            return json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
+            return json.loads(out.strip().splitlines()[0]), su.parse_error(rc, err)
         except (ValueError, IndexError):
-            rc, err = 1, out
+            err = err or out
         self.m.warn("option names not checked: %s -c could not list the installed SGLang's flags: %s" % (py, (err or "").strip()[-300:]))
-        return None
+        return None, None
+
+    def prestop_problems(self, parse_error):
+        """The model directory, the listening address, the environment and SGLang's parse (sglang_prestop)."""
+        p = self.p
+        unit_env = toolchain.runtime_environment(p["venv"], p.get("compile_cache_dir"))
+        return (sp.model_dir_problems(p["model_dir"], self.opts.get("model_path")) + sp.host_problems(self.opts.get("host"))
+                + sp.environment_problems(p["environment"], unit_env, p["venv"], su.gpus_needed(self.opts)) + sp.argv_problems(parse_error))
 
     def port_busy(self, port, our_pids):
         """Whether a socket that is not ours listens on ``port``, looked at again for PORT_GRACE_S: a server that has
@@ -236,7 +247,9 @@ class Server(object):
 
     def check(self, facts, holders, ours):
         """All problems in one failure, before the old server is stopped; then the foreign GPU holders."""
-        problems, phase = sr.setting_problems(self.opts, self.known_flags(), len(facts["gpus"]), lambda port: self.port_busy(port, ours))
+        flags, parse_error = self.known_flags()
+        problems, phase = sr.setting_problems(self.opts, flags, len(facts["gpus"]), lambda port: self.port_busy(port, ours),
+                                              self.prestop_problems(parse_error))
         refusal = sr.settings_refusal(problems, phase)
         if refusal:
             raise refusal

@@ -494,15 +494,31 @@ def used_mib(facts):
 # Validation before the running server is touched
 # --------------------------------------------------------------------------------------------
 
-# Run with <venv>/bin/python: the installed SGLang's own option names (real 0.5.11: ServerArgs.add_cli_args,
-# sglang/srt/server_args.py; prepare_server_args builds its parser the same way, server_args.py:7265).
+# Run as <venv>/bin/python -c FLAGS_PROBE <argv>: the installed SGLang's own option names (one JSON line), then its own
+# parse of the argument vector without starting anything, as 0.5.11 prepare_server_args does (sglang/srt/server_args.py:
+# 7276-7289: the parser "sglang serve", ServerArgs.add_cli_args, a --config file merged, parse_args); a refusal is
+# argparse's "sglang serve: error: ..." on stderr and exit status 2.
 FLAGS_PROBE = (
-    "import argparse, json\n"
+    "import argparse, json, sys\n"
     "from sglang.srt.server_args import ServerArgs\n"
-    "p = argparse.ArgumentParser()\n"
+    "p = argparse.ArgumentParser(prog='sglang serve')\n"
     "ServerArgs.add_cli_args(p)\n"
-    "print(json.dumps(sorted(s for a in p._actions for s in a.option_strings if s.startswith('--'))))\n"
+    "print(json.dumps(sorted(s for a in p._actions for s in a.option_strings if s.startswith('--'))), flush=True)\n"
+    "argv = sys.argv[1:]\n"
+    "if '--config' in argv:\n"
+    "    from sglang.srt.server_args_config_parser import ConfigArgumentMerger\n"
+    "    argv = ConfigArgumentMerger(p).merge_config_with_args(argv)\n"
+    "p.parse_args(argv)\n"
 )
+
+
+def parse_error(rc, err):
+    """argparse's refusal in the probe's stderr (its last ``error:`` line), else None (rc 0: parsed)."""
+    if rc == 0:
+        return None
+    lines = [ln.strip() for ln in (err or "").splitlines() if ln.strip()]
+    found = [ln for ln in lines if ": error: " in ln]
+    return (found or lines or ["exit status %s" % rc])[-1][:500]
 
 
 def unknown_options(options, flags):

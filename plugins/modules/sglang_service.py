@@ -25,7 +25,11 @@ description:
     choices of the options the collection's option table knows (C(mem_fraction_static) in (0, 1), C(port) in 1-65535,
     C(disable_radix_cache) true or false, ...), C(tp_size) x C(pp_size) against the GPUs NVML sees, the port against
     listening sockets that are not this unit's (C(/proc/net/tcp), C(tcp6)), O(probe_regex); control characters in option
-    and environment values are refused. All problems are reported together and the old server keeps serving."
+    and environment values are refused. The model directory must exist and hold C(config.json); C(host) must be an
+    address or host name the container can bind; O(environment) may not replace what the unit needs (C(PATH),
+    C(CUDA_HOME), C(VIRTUAL_ENV), C(PYTHONHOME), C(CUDA_VISIBLE_DEVICES)); the whole argument vector (options and
+    C(extra)) is parsed by the installed SGLang's own parser, without starting it, in the call that lists its flags.
+    All problems are reported together and the old server keeps serving."
   - The server is (re)started only when it is not running, when the rendered unit, environment file or launcher differ
     from those it was started with (a fingerprint kept in O(state_dir)), or with O(force_restart).
   - "Before a (re)start: every process holding GPU memory is listed (PID, name, MiB). Processes of this unit (its

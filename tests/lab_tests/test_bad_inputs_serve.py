@@ -59,6 +59,14 @@ ROWS = [
      "sglang_server_probe.regex"),
     ("api_key in the options", opts(api_key="k"), "options.api_key: pass the API key as the module's api_key"),
     ("config with an API key", opts(config="/etc/sglang.yaml"), "options.config: SGLang takes one --config file"),
+    # issue 30: what can be checked in the container is checked before the stop (sglang_prestop)
+    ("model directory missing", opts(model_path="/srv/models/Gone"), "options.model_path /srv/models/Gone: no such directory"),
+    ("host with shell syntax", opts(host="0.0.0.0; rm -rf /"), "option host='0.0.0.0; rm -rf /' is neither an IP address nor a host name"),
+    ("PATH replaced", {"sglang_server_environment": {"PATH": "/nonexistent"}},
+     "environment variable PATH='/nonexistent' drops the unit's own "),
+    ("extra with shell syntax", opts(extra=["--foo; reboot"]),
+     "the installed SGLang's own parser refuses the arguments (options and extra): sglang serve: error: unrecognized arguments: --foo; reboot"),
+    ("unknown extra flag", opts(extra=["--no-such-flag", "$(id)"]), "sglang serve: error: unrecognized arguments: --no-such-flag $(id)"),
 ]
 
 

@@ -67,6 +67,9 @@ def test_setting_problems_all_together_and_the_port_phase():
     assert problems == ["option port=70000 is out of range; give a TCP port from 1 to 65535, e.g. 30000"]
     f = sr.settings_refusal(*sr.setting_problems(OPTS, flags, 2, lambda port: True))
     assert f.phase == "port_in_use" and f.evidence and "left serving" in f.remedy
+    # the container's own checks (sglang_prestop) are reported with the others; with one, a taken port is not the phase
+    problems, phase = sr.setting_problems(OPTS, flags, 2, lambda port: True, ["model_dir /x: no such directory"])
+    assert phase == "not_started" and problems[0] == "model_dir /x: no such directory" and "port 30000 is taken" in problems[1]
 
 
 def test_holders_and_the_held_refusal():

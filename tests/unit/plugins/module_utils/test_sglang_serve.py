@@ -189,3 +189,30 @@ def test_a_port_held_by_a_server_that_is_ending_is_looked_at_again(monkeypatch):
     t1 = time.time()
     assert ss.Server.port_busy(None, 30000, []) is True
     assert time.time() - t1 >= 0.6
+
+
+def test_check_refuses_what_the_container_can_check_before_anything_is_stopped(tmp_path, monkeypatch):
+    """Issue 30: a missing model directory, a host with shell syntax, PATH replaced and extra flags SGLang's own parser
+    refuses (the lab's stand-in, run as the venv's Python) are one refusal, raised by check(), before stop()."""
+    standin = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "sglang_standin"))
+    monkeypatch.setenv("PYTHONPATH", standin)
+    monkeypatch.setenv("KPRO_LAB_SGLANG_STANDIN_VERSION", "0.5.11")
+    import subprocess
+    import sys
+
+    class Runner(FakeModule):
+        def run_command(self, args, handle_exceptions=True):
+            res = subprocess.run(args, capture_output=True, text=True, check=False)
+            return res.returncode, res.stdout, res.stderr
+
+    opts = dict(OPTS, model_path=str(tmp_path / "gone"), host="0.0.0.0; rm -rf /", extra=["--foo; reboot"])
+    server = sglang_serve.Server(Runner(tmp_path, options=opts, python=sys.executable, environment={"PATH": "/nonexistent"}))
+    server.render()
+    monkeypatch.setattr(server, "port_busy", lambda port, ours: False)
+    monkeypatch.setattr(server, "stop", lambda *a: pytest.fail("stopped"))
+    with pytest.raises(Failure) as e:
+        server.check({"gpus": [{}, {}]}, [], [])
+    ev = e.value.evidence
+    assert e.value.phase == "not_started" and len(ev) == 4, ev
+    assert "no such directory" in ev[0] and "neither an IP address" in ev[1] and "PATH='/nonexistent'" in ev[2]
+    assert ev[3].endswith("sglang serve: error: unrecognized arguments: --foo; reboot")

@@ -146,21 +146,45 @@ def test_launcher_redacts_and_keeps_exit_status(tmp_path):
     assert not [p for p in os.listdir(tmp_path / "log") if p.endswith(".fifo")]
 
 
-def _standin(code):
+def _standin(code, *argv):
     env = dict(os.environ, PYTHONPATH=STANDIN, KPRO_LAB_SGLANG_STANDIN_VERSION="0.5.11")
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    return subprocess.run([sys.executable, "-c", code] + list(argv), env=env, capture_output=True, text=True, check=False)
 
 
 def test_flags_probe_on_the_standin_lists_the_real_0_5_11_flags():
     import json
-    res = _standin(su.FLAGS_PROBE)
-    assert res.returncode == 0, res.stderr
+    res = _standin(su.FLAGS_PROBE, *su.render_flags({"model_path": "/m", "tp_size": 2, "context_length": "64k", "host": "0.0.0.0"}))
+    assert res.returncode == 0 and su.parse_error(res.returncode, res.stderr) is None, res.stderr
     flags = json.loads(res.stdout)
     assert len(flags) > 370
     for f in ("--port", "--tp-size", "--tensor-parallel-size", "--mem-fraction-static", "--config", "--api-key",
               "--enable-metrics", "--mamba-scheduler-strategy"):
         assert f in flags
     assert "--foo-bar" not in flags
+
+
+@pytest.mark.parametrize("extra,error", [
+    (["--foo; reboot"], "sglang serve: error: unrecognized arguments: --foo; reboot"),
+    (["$(id)"], "sglang serve: error: unrecognized arguments: $(id)"),
+    (["--no-such-flag"], "sglang serve: error: unrecognized arguments: --no-such-flag"),
+    (["--port", "x"], "sglang serve: error: argument --port: invalid int value: 'x'"),
+    (["--kv-cache-dtype", "fp9"], "sglang serve: error: argument --kv-cache-dtype: invalid choice: 'fp9'"),
+])
+def test_flags_probe_parses_the_whole_argv_like_0_5_11(extra, error):
+    """The probe lists the flags and then parses the argument vector as 0.5.11's prepare_server_args (parser "sglang
+    serve", server_args.py:7276): argparse's own refusal, exit status 2, the flags line still printed first."""
+    import json
+    res = _standin(su.FLAGS_PROBE, *su.render_flags({"model_path": "/m", "extra": extra}))
+    assert res.returncode == 2 and json.loads(res.stdout.splitlines()[0])
+    assert su.parse_error(res.returncode, res.stderr).startswith(error)
+    assert su.parse_error(0, "") is None
+
+
+def test_flags_probe_merges_a_config_file_like_0_5_11(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model_path: /m\n")
+    assert _standin(su.FLAGS_PROBE, "--config", str(cfg)).returncode == 0
+    assert "required: --model-path" in _standin(su.FLAGS_PROBE, "--port", "1").stderr
 
 
 def test_standin_reads_the_api_key_from_config_like_0_5_11(tmp_path):

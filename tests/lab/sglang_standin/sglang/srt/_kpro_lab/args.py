@@ -11,7 +11,7 @@ from sglang.srt._kpro_lab import memory, reasoning, util
 from sglang.srt._kpro_lab.flags_0_5_11 import FLAGS as REAL_FLAGS
 from sglang.version import __version__
 
-SPEC_CHOICES = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
+SPEC_CHOICES = ["DFLASH", "EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]  # 0.5.11 server_args.py:5364-5372
 # 0.5.11 server_args.py:5077-5097: choices=list(ReasoningParser.DetectorMap.keys()) (parser/reasoning_parser.py:542-561)
 # and list(FunctionCallParser.ToolCallParserEnum.keys()) (function_call/function_call_parser.py:54-80)
 REASONING_PARSER_CHOICES = list(reasoning.PARSERS)
@@ -19,18 +19,56 @@ TOOL_CALL_PARSER_CHOICES = ["deepseekv3", "deepseekv31", "deepseekv32", "glm", "
                             "mimo", "mistral", "pythonic", "qwen", "qwen25", "qwen3_coder", "step3", "step3p5", "minimax-m2", "trinity",
                             "interns1", "hermes", "hunyuan", "gigachat3", "gemma4"]
 
-# (flags, kwargs); dest order is the order of the server_args=ServerArgs(...) repr.
-_STR, _INT, _FLOAT = str, int, float
+# 0.5.11 server_args.py:89-162 (the lists the parser's choices= name)
+SAMPLING_BACKEND_CHOICES = {"flashinfer", "pytorch", "ascend"}
+LOAD_FORMAT_CHOICES = ["auto", "pt", "safetensors", "npcache", "dummy", "sharded_state", "gguf", "bitsandbytes", "mistral", "layered",
+                       "flash_rl", "remote", "remote_instance", "fastsafetensors", "private", "runai_streamer"]
+QUANTIZATION_CHOICES = ["awq", "fp8", "mxfp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf", "modelopt",
+                        "modelopt_fp8", "modelopt_fp4", "modelopt_mixed", "petit_nvfp4", "w8a8_int8", "w8a8_fp8", "moe_wna16", "qoq",
+                        "w4afp8", "mxfp4", "auto-round", "compressed-tensors", "modelslim", "quark_int4fp8_moe", "unquant"]
+ATTENTION_BACKEND_CHOICES = ["triton", "torch_native", "flex_attention", "nsa", "cutlass_mla", "fa3", "fa4", "flashinfer", "flashmla",
+                             "trtllm_mla", "trtllm_mha", "dual_chunk_flash_attn", "aiter", "wave", "intel_amx", "ascend", "intel_xpu"]
+GRAMMAR_BACKEND_CHOICES = ["xgrammar", "outlines", "llguidance", "none"]                   # server_args.py:170
+
+
+def human_readable_int(value):
+    """0.5.11 sglang/srt/utils/common.py:2328-2363, the type of --context-length, --max-total-tokens and
+    --max-prefill-tokens (server_args.py:4268, 4504, 4530): 64k, 1Mi or a plain integer; else the same refusal."""
+    import re
+    from decimal import Decimal
+    value = value.strip()
+    si, iec = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}, {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix in iec:
+            if "." in number:
+                raise argparse.ArgumentTypeError(
+                    "Decimals are not allowed with IEC suffixes like '%s'. Use an integer IEC value such as '%s%s', "
+                    "or an SI value such as '%s%s'." % (suffix, int(Decimal(number)), suffix, number, suffix[0]))
+            return int(number) * iec[suffix]
+        return int(Decimal(number) * si[suffix])
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "Invalid integer value: '%s'. Use a plain integer, SI suffixes (1k, 1M), or IEC suffixes (1Ki, 1Mi). "
+            "Suffixes are case-sensitive." % value)
+
+
+# (flags, kwargs); dest order is the order of the server_args=ServerArgs(...) repr. Types and choices are the real
+# parser's (0.5.11 server_args.py:4187-6600, the line beside a row that differs from a plain type).
+_STR, _INT, _FLOAT, _HINT = str, int, float, human_readable_int
 OPTIONS = [
     (("--model-path", "--model"), dict(type=_STR, required=True)),
     (("--tokenizer-path",), dict(type=_STR)),
     (("--tokenizer-mode",), dict(type=_STR, default="auto", choices=["auto", "slow"])),
     (("--tokenizer-worker-num",), dict(type=_INT, default=1)),
     (("--skip-tokenizer-init",), dict(action="store_true")),
-    (("--load-format",), dict(type=_STR, default="auto")),
+    (("--load-format",), dict(type=_STR, default="auto", choices=LOAD_FORMAT_CHOICES)),  # 4232
     (("--model-loader-extra-config",), dict(type=_STR, default="{}")),
     (("--trust-remote-code",), dict(action="store_true")),
-    (("--context-length",), dict(type=_INT)),
+    (("--context-length",), dict(type=_HINT)),  # 4266
     (("--is-embedding",), dict(action="store_true")),
     (("--enable-multimodal",), dict(action="store_true", default=None)),
     (("--revision",), dict(type=_STR)),
@@ -41,15 +79,16 @@ OPTIONS = [
     (("--warmups",), dict(type=_STR)),
     (("--nccl-port",), dict(type=_INT)),
     (("--dtype",), dict(type=_STR, default="auto", choices=["auto", "half", "float16", "bfloat16", "float", "float32"])),
-    (("--quantization",), dict(type=_STR)),
-    (("--kv-cache-dtype",), dict(type=_STR, default="auto", choices=["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"])),
+    (("--quantization",), dict(type=_STR, choices=QUANTIZATION_CHOICES)),  # 4411
+    (("--kv-cache-dtype",), dict(type=_STR, default="auto", choices=["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1"])),  # 4427
     (("--mem-fraction-static",), dict(type=_FLOAT)),
     (("--max-running-requests",), dict(type=_INT)),
     (("--max-queued-requests",), dict(type=_INT)),
-    (("--max-total-tokens",), dict(type=_INT)),
+    (("--max-total-tokens",), dict(type=_HINT)),  # 4504
     (("--chunked-prefill-size",), dict(type=_INT)),
-    (("--max-prefill-tokens",), dict(type=_INT, default=16384)),
-    (("--schedule-policy",), dict(type=_STR, default="fcfs")),
+    (("--max-prefill-tokens",), dict(type=_HINT, default=16384)),  # 4530
+    (("--schedule-policy",), dict(type=_STR, default="fcfs", choices=["lpm", "random", "fcfs", "dfs-weight", "lof", "priority",
+                                                                   "routing-key"])),  # 4537
     (("--schedule-conservativeness",), dict(type=_FLOAT, default=1.0)),
     (("--page-size",), dict(type=_INT, default=1)),
     (("--tensor-parallel-size", "--tp-size"), dict(type=_INT, default=1, dest="tp_size")),
@@ -66,7 +105,7 @@ OPTIONS = [
     (("--log-level",), dict(type=_STR, default="info")),
     (("--log-level-http",), dict(type=_STR)),
     (("--log-requests",), dict(action="store_true")),
-    (("--log-requests-level",), dict(type=_INT, default=2)),
+    (("--log-requests-level",), dict(type=_INT, default=2, choices=[0, 1, 2, 3])),  # 4834
     (("--show-time-cost",), dict(action="store_true")),
     (("--decode-log-interval",), dict(type=_INT, default=40)),
     (("--enable-metrics",), dict(action="store_true")),
@@ -81,7 +120,8 @@ OPTIONS = [
     (("--reasoning-parser",), dict(type=_STR, choices=REASONING_PARSER_CHOICES)),
     (("--tool-call-parser",), dict(type=_STR, choices=TOOL_CALL_PARSER_CHOICES)),
     (("--tool-server",), dict(type=_STR)),
-    (("--load-balance-method",), dict(type=_STR, default="round_robin")),
+    (("--load-balance-method",), dict(type=_STR, default="round_robin", choices=["auto", "round_robin", "follow_bootstrap_room",
+                                                                               "total_requests", "total_tokens"])),  # 5123
     (("--dist-init-addr", "--nccl-init-addr"), dict(type=_STR, dest="dist_init_addr")),
     (("--nnodes",), dict(type=_INT, default=1)),
     (("--node-rank",), dict(type=_INT, default=0)),
@@ -95,13 +135,14 @@ OPTIONS = [
     (("--speculative-accept-threshold-single",), dict(type=_FLOAT, default=1.0)),
     (("--speculative-accept-threshold-acc",), dict(type=_FLOAT, default=1.0)),
     (("--speculative-token-map",), dict(type=_STR)),
-    (("--speculative-attention-mode",), dict(type=_STR, default="prefill")),
-    (("--attention-backend",), dict(type=_STR)),
-    (("--prefill-attention-backend",), dict(type=_STR)),
-    (("--decode-attention-backend",), dict(type=_STR)),
-    (("--sampling-backend",), dict(type=_STR)),
-    (("--grammar-backend",), dict(type=_STR)),
-    (("--mm-attention-backend",), dict(type=_STR)),
+    (("--speculative-attention-mode",), dict(type=_STR, default="prefill", choices=["prefill", "decode"])),  # 5444
+    (("--attention-backend",), dict(type=_STR, choices=ATTENTION_BACKEND_CHOICES)),  # 5263
+    (("--prefill-attention-backend",), dict(type=_STR, choices=ATTENTION_BACKEND_CHOICES)),  # 5270
+    (("--decode-attention-backend",), dict(type=_STR, choices=ATTENTION_BACKEND_CHOICES)),  # 5277
+    (("--sampling-backend",), dict(type=_STR, choices=SAMPLING_BACKEND_CHOICES)),  # 5284
+    (("--grammar-backend",), dict(type=_STR, choices=GRAMMAR_BACKEND_CHOICES)),  # 5291
+    (("--mm-attention-backend",), dict(type=_STR, choices=["sdpa", "fa3", "fa4", "triton_attn", "ascend_attn", "aiter_attn",
+                                                             "flashinfer_cudnn"])),  # 5298
     (("--mamba-ssm-dtype",), dict(type=_STR, choices=["float32", "bfloat16", "float16"])),
     (("--mamba-full-memory-ratio",), dict(type=_FLOAT, default=0.9)),
     (("--max-mamba-cache-size",), dict(type=_INT)),
