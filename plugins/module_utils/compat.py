@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_releases import NEWEST, not_in_table
 
 DENSE_QWEN35 = ["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"]
 
@@ -333,6 +334,9 @@ def verdict(version, architecture, tp, overrides=None, model_config=None, warn=N
                message=result["message"], remedy=result["remedy"])
     if unknown:
         warn("overrides name no rule of the compatibility table: %s (known: %s)." % (", ".join(unknown), ", ".join(sorted(known))))
+    # a release after the table's newest: "no known problem" would claim what nobody has checked
+    if compare(version, NEWEST) > 0:
+        warn(not_in_table(version))
     if result["action"] == "refuse":
         raise Failure("known_bad_version", result["message"], remedy=result["remedy"],
                       evidence=["rule %s (%s)" % (r["id"], r.get("pr") or "no PR") for r in rules if r.get("action") == "refuse"],

@@ -17,6 +17,7 @@ import os
 import re
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_releases import lock_versions
 
 # What each concern reads; a group of the run is checked for its concerns (the run reads these on its hosts).
 CONCERNS = {
@@ -283,7 +284,8 @@ def lock_problems(host, inputs, lock_dir):
     m = re.search(r"python(\d+\.\d+)$", python)
     regen = "make sglang-lock SGLANG_VERSION=%s PYVER=<X.Y>" % version
     if not pythons:
-        return [problem(host, "sglang_install_version", "the collection has no lock for SGLang %s" % version,
+        return [problem(host, "sglang_install_version", "the collection has no lock for SGLang %s (it has locks for "
+                        "SGLang %s)" % (version, ", ".join(lock_versions(lock_dir)) or "none"),
                         "pin a version that has one, or " + regen)]
     if m and m.group(1) not in pythons:
         return [problem(host, "sglang_install_python", "the collection has no lock for SGLang %s on Python %s (it has "

@@ -160,7 +160,8 @@ def test_the_sglang_lock(tmp_path):
     assert [(p["var"], p["level"]) for p in got] == [("sglang_install_python", "warning")]
     assert "SGLang 0.5.11 has locks for Python 3.11, 3.12, 3.13" in got[0]["what"]
     assert lines("lock", {"sglang_install_version": "0.5.9"}, lock_dir=d) == [
-        "h1: sglang_install_version: the collection has no lock for SGLang 0.5.9 - pin a version that has one, or make "
+        "h1: sglang_install_version: the collection has no lock for SGLang 0.5.9 (it has locks for SGLang 0.5.11) - pin a "
+        "version that has one, or make "
         "sglang-lock SGLANG_VERSION=0.5.9 PYVER=<X.Y>"]
     assert lines("lock", {"sglang_install_lock_file": str(tmp_path / "mine.txt")}, lock_dir=d) == [
         "h1: sglang_install_lock_file: %s does not exist on the controller - point it at a lock made by "

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils import compat as c
@@ -133,3 +135,23 @@ def test_verdict_warns_with_the_remedy_and_asks_for_start_failures():
     out = c.verdict("0.5.11", DENSE, 2, {JIT: "ignore"}, warn=warned.append)
     assert out["action"] == "ok" and warned == []
     assert c.verdict("0.5.13", DENSE, 2, {}, warn=warned.append)["action"] == "ok" and warned == []
+
+
+def test_each_known_bad_entry_cites_its_source():
+    """Every rule names the upstream PR that fixed it, and that PR is among its sources."""
+    for rule in c.RULES:
+        assert re.match(r"^#\d+$", rule["pr"]), rule["id"]
+        assert "https://github.com/sgl-project/sglang/pull/%s" % rule["pr"][1:] in rule["sources"], rule["id"]
+        assert all(re.match(r"^https://github\.com/[\w.-]+/[\w.-]+/(pull|issues)/\d+$", s) for s in rule["sources"]), rule["id"]
+
+
+@pytest.mark.parametrize("version,warns", [("0.5.23", False), ("0.5.23.post1", True), ("0.5.24", True), ("0.6.0rc1", True),
+                                           ("0.5.13", False)])
+def test_a_version_after_the_table_is_a_warning(version, warns):
+    warned = []
+    out = c.verdict(version, DENSE, 2, {}, QWEN36_27B, warn=warned.append)
+    assert out["action"] == "ok"
+    said = [w for w in warned if "is not in the compatibility table (newest known: 0.5.23)" in w]
+    assert said == (["sglang %s is not in the compatibility table (newest known: 0.5.23): no known-bad rule or argument "
+                     "change after 0.5.23 is known; add it with tests/tools/sglang_release_diff.py "
+                     "(docs/sglang-releases.md)." % version] if warns else [])
