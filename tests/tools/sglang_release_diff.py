@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What changed between SGLang releases, read from the wheels' own source (not release notes).

@@ -87,8 +87,8 @@ OPTIONS = [
     (("--max-total-tokens",), dict(type=_HINT)),  # 4504
     (("--chunked-prefill-size",), dict(type=_INT)),
     (("--max-prefill-tokens",), dict(type=_HINT, default=16384)),  # 4530
-    (("--schedule-policy",), dict(type=_STR, default="fcfs", choices=["lpm", "random", "fcfs", "dfs-weight", "lof", "priority",
-                                                                   "routing-key"])),  # 4537
+    (("--schedule-policy",), dict(type=_STR, default="fcfs",
+                                  choices=["lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key"])),  # 4537
     (("--schedule-conservativeness",), dict(type=_FLOAT, default=1.0)),
     (("--page-size",), dict(type=_INT, default=1)),
     (("--tensor-parallel-size", "--tp-size"), dict(type=_INT, default=1, dest="tp_size")),
@@ -120,8 +120,9 @@ OPTIONS = [
     (("--reasoning-parser",), dict(type=_STR, choices=REASONING_PARSER_CHOICES)),
     (("--tool-call-parser",), dict(type=_STR, choices=TOOL_CALL_PARSER_CHOICES)),
     (("--tool-server",), dict(type=_STR)),
-    (("--load-balance-method",), dict(type=_STR, default="round_robin", choices=["auto", "round_robin", "follow_bootstrap_room",
-                                                                               "total_requests", "total_tokens"])),  # 5123
+    (("--load-balance-method",), dict(type=_STR, default="round_robin",
+                                      choices=["auto", "round_robin", "follow_bootstrap_room", "total_requests",
+                                               "total_tokens"])),  # 5123
     (("--dist-init-addr", "--nccl-init-addr"), dict(type=_STR, dest="dist_init_addr")),
     (("--nnodes",), dict(type=_INT, default=1)),
     (("--node-rank",), dict(type=_INT, default=0)),
@@ -142,7 +143,7 @@ OPTIONS = [
     (("--sampling-backend",), dict(type=_STR, choices=SAMPLING_BACKEND_CHOICES)),  # 5284
     (("--grammar-backend",), dict(type=_STR, choices=GRAMMAR_BACKEND_CHOICES)),  # 5291
     (("--mm-attention-backend",), dict(type=_STR, choices=["sdpa", "fa3", "fa4", "triton_attn", "ascend_attn", "aiter_attn",
-                                                             "flashinfer_cudnn"])),  # 5298
+                                                           "flashinfer_cudnn"])),  # 5298
     (("--mamba-ssm-dtype",), dict(type=_STR, choices=["float32", "bfloat16", "float16"])),
     (("--mamba-full-memory-ratio",), dict(type=_FLOAT, default=0.9)),
     (("--max-mamba-cache-size",), dict(type=_INT)),
