@@ -38,6 +38,7 @@ SERVE_PHASES = (
     ("gpu_memory_held", "GPU memory is held by another process, or was not released by the old server"),
     ("version_mismatch", "the NVIDIA userspace does not match the host's kernel module"),
     ("known_bad_version", "the SGLang version is refused by the compatibility table"),
+    ("unresponsive", "the server's process lives and its port accepts connections, but /health answers nothing (stopped, or hung)"),
     ("timeout", "the server did not become ready in time"),
 )
 

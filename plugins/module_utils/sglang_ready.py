@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import time
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
@@ -50,6 +51,8 @@ GATE_SPEC = dict(
     stall_timeout=dict(type="int", default=600),
     poll_interval=dict(type="float", default=1.0),
     http_timeout=dict(type="float", default=5.0),
+    # /health silent (no answer within http_timeout) this many times in a row while the process lives: unresponsive
+    unresponsive_after=dict(type="int", default=3),
     probe_prompt=dict(type="str", default=ka.PROBE_PROMPT),
     probe_max_tokens=dict(type="int", default=16, no_log=False),
     probe_timeout=dict(type="float", default=120),
@@ -76,7 +79,8 @@ LOOK_KEYS = ("base_url", "served_model_name", "http_timeout", "probe_prompt", "p
 
 
 def http(method, url, api_key=None, body=None, timeout=5.0):
-    """(status or None when nothing answers, parsed JSON or text)."""
+    """(status, parsed JSON or text); (None, None) when the connection fails (refused, unreachable), (None, "no answer
+    within <timeout>s") when the connection was made but nothing answered in time (a hung or stopped server)."""
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = "Bearer %s" % api_key
@@ -87,12 +91,27 @@ def http(method, url, api_key=None, body=None, timeout=5.0):
         status, raw = resp.getcode(), resp.read()
     except HTTPError as e:
         status, raw = e.code, e.read()
-    except (URLError, OSError, ValueError):
+    except (URLError, OSError, ValueError) as e:
+        # the kernel accepts a stopped server's connections: only the read times out
+        if isinstance(getattr(e, "reason", e), (socket.timeout, TimeoutError)):
+            return None, "no answer within %gs" % timeout
         return None, None
     try:
         return status, json.loads(raw.decode("utf-8", "replace")) if raw else None
     except ValueError:
         return status, raw.decode("utf-8", "replace")
+
+
+def proc_state(pid, proc_root="/proc"):
+    """The "State:" line of /proc/<pid>/status ("T (stopped)", "S (sleeping)"), or None when it cannot be read."""
+    try:
+        with open("%s/%d/status" % (proc_root, int(pid))) as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.split(":", 1)[1].strip()
+    except (IOError, OSError, ValueError):
+        pass
+    return None
 
 
 def planned_weights_mib(plan, planned=None):
@@ -160,6 +179,7 @@ class Gate(object):
         self.gpu_used = None
         self.exit_status = None
         self.nrestarts = None
+        self.silent = []          # the times of this run of /health checks that got no answer at all, in a row
         self.follower = bool(p.get("node_rank"))     # a node of rank >= 1: NVML and its health server, no endpoint
 
     def resolve_log(self):
@@ -201,8 +221,10 @@ class Gate(object):
         return su.used_mib(facts)
 
     def check_http(self):
-        health = http("GET", self.base + "/health", self.p["api_key"], timeout=self.p["http_timeout"])[0]
+        health, said = http("GET", self.base + "/health", self.p["api_key"], timeout=self.p["http_timeout"])
         out = {"health": health, "models": None, "expected_model": self.p["served_model_name"]}
+        if health is None and said:
+            out["no_answer"] = said
         if health == 200:
             status, body = http("GET", self.base + "/v1/models", self.p["api_key"], timeout=self.p["http_timeout"])
             out["models_status"] = status
@@ -282,16 +304,18 @@ class Gate(object):
             if "uvicorn_running" in ms or "ready" in ms or (self.follower and "weights_end" in ms):
                 http_state = self.check_http()
         self.http_state = http_state
+        self.silent = self.silent + [now] if (http_state or {}).get("no_answer") else []
         elapsed = now - self.t0
         stalled = now - self.last_progress
         kw = dict(gpu_used_mib=self.gpu_used, gpu_baseline_mib=p["gpu_baseline_mib"], exit_status=self.exit_status,
                   process_alive=alive, planned_weights_mib=self.planned, http=http_state, launch_id=p["launch_id"])
+        if alive and len(self.silent) >= p["unresponsive_after"]:
+            return self.unresponsive(diagnose(text, elapsed_s=elapsed, timeout_s=p["timeout"], stalled_s=stalled, **kw), now)
         if alive and stalled >= p["stall_timeout"]:
             # out of time for this launch: the stall budget, not the overall one, ran out
             res = diagnose(text, elapsed_s=elapsed, timeout_s=elapsed, stalled_s=None, **kw)
-            if res["phase"] == "timeout":
-                res["remedy"] = ("No progress for %ds (no new log line, no change of GPU memory): " % stalled) + res["remedy"]
-                res["facts"]["stalled_s"] = round(stalled, 1)
+            if res["phase"] in ("timeout", "ready"):
+                res = self.stalled(res, stalled)
             return res
         res = diagnose(text, elapsed_s=elapsed, timeout_s=p["timeout"], stalled_s=stalled, **kw)
         if self.follower and res["phase"] in ("loading", "ready"):
@@ -324,6 +348,33 @@ class Gate(object):
         if res["phase"] == "loading":
             return self.fatal_in_log(text, kw, elapsed, stalled, now)
         return res
+
+    def stalled(self, res, stalled):
+        """The stall budget ran out (``res``: the diagnosis then): a timeout with what /health last said, never "ready"
+        (a log that says ready is not a server that answers: only a probe shows that)."""
+        if res["phase"] == "ready":
+            health = (self.http_state or {}).get("health")
+            res = dict(res, phase="timeout", remedy="The log says ready, but GET /health never answered 200 (last: %s). "
+                       % (health if health is not None else (self.http_state or {}).get("no_answer") or "no connection"))
+        res["remedy"] = ("No progress for %ds (no new log line, no change of GPU memory): " % stalled) + res["remedy"]
+        res["facts"]["stalled_s"] = round(stalled, 1)
+        return res
+
+    def unresponsive(self, res, now):
+        """/health got no answer at all unresponsive_after times in a row while the process lives and the log shows the
+        HTTP server up: the server is alive but answers nothing (stopped by SIGSTOP, or hung). ``res``: the diagnosis."""
+        pid, since = self.main_pid, now - self.silent[0] + self.p["http_timeout"]
+        state = proc_state(pid) if pid else None
+        ev = ["GET %s/health: %s, %d times in a row over %.0fs; the process is alive and the log shows the HTTP server up"
+              % (self.base, self.http_state["no_answer"], len(self.silent), since),
+              "main process %s: State: %s (/proc/%s/status)" % (pid, state or "unknown", pid)]
+        why = ("it is stopped (SIGSTOP or a debugger): kill -CONT %s resumes it" % pid if (state or "").startswith(("T", "t"))
+               else "it hangs: py-spy dump --pid %s shows where" % pid)
+        remedy = ("The server accepts connections but answers nothing; %s. Restart it (systemctl restart %s); the serve stage "
+                  "restarts it itself when sglang_server_restart_unresponsive is true and this run did not change the unit."
+                  % (why, self.p["unit"] or "the server"))
+        facts = dict(res.get("facts") or {}, process_state=state, main_pid=pid, unresponsive_s=round(since, 1))
+        return dict(res, phase="unresponsive", evidence=ev + res["evidence"], remedy=remedy, facts=facts)
 
     def model_config(self):
         """The model's config.json (the compatibility table's architecture and conditions), or None."""

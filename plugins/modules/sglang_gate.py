@@ -35,7 +35,7 @@ description:
   - "On failure the task fails with RV(phase) (V(not_started), V(init_failed_before_gpu), V(host_oom_killed), V(weights_oom),
     V(weights_load_failed), V(kv_cache_oom), V(kv_pool_init_failed), V(scheduler_init_failed), V(nccl_error), V(peer_missing),
     V(runtime_toolchain_missing), V(cuda_graph_failed), V(port_in_use), V(warmup_failed), V(crashed_after_ready), V(degenerate_output),
-    V(wrong_answer), V(version_mismatch), V(known_bad_version), V(timeout)), RV(evidence) (this launch's log lines, per-GPU MiB,
+    V(wrong_answer), V(unresponsive), V(version_mismatch), V(known_bad_version), V(timeout)), RV(evidence) (this launch's log lines, per-GPU MiB,
     exit status) and RV(remedy); RV(known_failure) holds the same as data, which M(kpro.gpu_serving.sglang_deployment) reads."
   - On success it returns the time to ready, per-GPU MiB, the KV cache tokens from the log and the probe's tokens/s.
   - Only observes; never changes anything (C(changed) is always false).
@@ -113,6 +113,13 @@ options:
     description: Seconds for each HTTP request of the checks.
     type: float
     default: 5.0
+  unresponsive_after:
+    description:
+      - "The number of C(GET /health) checks in a row that get no answer at all within O(http_timeout) (the connection is
+        accepted, nothing answers; a refused connection does not count) while the process lives and the log shows the HTTP
+        server up, after which the server is V(unresponsive) (stopped by SIGSTOP, or hung): about 20 s with the defaults."
+    type: int
+    default: 3
   probe_prompt:
     description: The prompt of the content probe (C(POST /v1/completions), temperature 0).
     type: str

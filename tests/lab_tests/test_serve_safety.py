@@ -7,6 +7,7 @@ The module's fixture converges the whole playbook once unless CT 129 already ser
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -103,3 +104,46 @@ def test_killed_server_comes_back_without_a_playbook_run(serving):
     assert answered and answered[:2] == ["200", "200"] and "Paris" in answered[2], (answered, after)
     assert int(after["NRestarts"]) == int(before.get("NRestarts") or 0) + 1
     assert after["MainPID"] != before["MainPID"]
+
+
+SERVE = ("--tags", "serve", "--skip-tags", "preflight")
+
+
+def test_a_stopped_server_is_unresponsive_then_restarted_or_left_with_the_evidence(serving):
+    """Issue 30 "A hung server": SIGSTOP on the MainPID (the kernel still accepts its connections). The converge's look names
+    it unresponsive (the State line of /proc, how long) within a minute, never ready; with the restart off the run fails
+    with that evidence and leaves the process, with it on (the default) the run restarts it and it serves again."""
+    lab = serving
+    before = unit_props(lab)
+    assert before["ActiveState"] == "active" and int(before["MainPID"]) > 0, before
+    ct(lab, "kill", "-STOP", before["MainPID"])
+    try:
+        t0 = time.time()
+        r = play(*SERVE + ("-e", "sglang_server_restart_unresponsive=false"))
+        took, out = time.time() - t0, " ".join(r.stdout.replace("\\n", " ").split())
+        print("restart off: failed after %.0fs" % took)
+        assert recap(r.stdout, "ct129")["failed"] == 1, out[-4000:]
+        assert "unresponsive: GET http://127.0.0.1:30000/health: no answer within 5s, 3 times in a row" in out, out[-4000:]
+        assert "main process %s: State: T (stopped)" % before["MainPID"] in out, out[-4000:]
+        assert "not restarted: sglang_server_restart_unresponsive is false" in out
+        print(re.search(r"unresponsive: GET .*?is false", out).group(0))
+        over = float(re.search(r"3 times in a row over (\d+)s", out).group(1))
+        assert over < 60, over
+        # the rollout's rescue summary prints "ready in ? s": no time to ready, the server was never ready
+        assert "NoneType" not in out and "Traceback" not in out and not re.search(r"ready in \d", out)
+        assert unit_props(lab)["MainPID"] == before["MainPID"]
+
+        t0 = time.time()
+        r = play(*SERVE + ("-v",))
+        took, out = time.time() - t0, " ".join(r.stdout.replace("\\n", " ").split())
+        print("restart on: served again after %.0fs" % took)
+        assert recap(r.stdout, "ct129")["failed"] == 0, out[-4000:]
+        # -v: the converge's result (its look, YAML) and the restart of this run
+        assert "phase: unresponsive" in out and "State: T (stopped)" in out, out[-4000:]
+        assert re.search(r"TASK \[kpro.gpu_serving.sglang_server : Restart the unresponsive server[^\]]*\] \**\s*changed: \[ct129\]", out)
+        assert "NoneType" not in out and "Traceback" not in out
+        after = unit_props(lab)
+        assert after["ActiveState"] == "active" and after["MainPID"] not in ("0", before["MainPID"]), after
+        assert ask(lab)[:2] == ["200", "200"]
+    finally:
+        ct(lab, "kill", "-CONT", before["MainPID"], check=False)

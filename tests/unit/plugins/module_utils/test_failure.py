@@ -41,6 +41,7 @@ PHASE_TESTS = {
     "gpu_memory_held": U + "test_sglang_log.py::test_pre_launch_phases",
     "version_mismatch": U + "test_nvidia_host.py::test_verify_names_why_nvml_is_not_right",
     "known_bad_version": M + "test_sglang_compat.py::test_failures_name_their_phase",
+    "unresponsive": U + "test_sglang_ready_unresponsive.py::test_a_stopped_server_is_unresponsive_with_its_process_state",
     "timeout": U + "test_sglang_log.py::test_timeout_slow_load_vs_hang",
     "rollback_failed": U + "test_deployment.py::test_rolled_back_names_the_new_diagnosis_and_what_serves_again",
     "bad_input": M + "test_vfio_release.py::test_phase_bad_input_for_ids_that_are_not_pci_ids",

@@ -19,7 +19,8 @@ systemd semantics kept (systemd 252, Debian 12):
   append:|file:|truncate:|null|journal (the journal: /run/kpro-lab-systemd/<unit>.journal,
   read by the journalctl stand-in); Restart=no|on-failure|always|on-abnormal with RestartSec=,
   NRestarts, StartLimitBurst=/StartLimitIntervalSec= (5 in 10 s); KillMode=control-group|
-  mixed|process|none, KillSignal=, TimeoutStopSec= then SIGKILL (Result=timeout).
+  mixed|process|none, KillSignal= (then SIGCONT, as systemd: a stopped process ends at once),
+  TimeoutStopSec= then SIGKILL (Result=timeout).
 - The service environment is systemd's: PATH, INVOCATION_ID (new 32-hex id per start, also
   the InvocationID property), SYSTEMD_EXEC_PID, HOME/USER/LOGNAME/SHELL only with User=, plus
   the unit's variables -- and the lab's cgroup marker, see below.
@@ -358,6 +359,17 @@ def kill(pids, sig):
                 os.kill(pid, sig)
             except OSError:
                 pass
+
+
+def kill_and_sigcont(pids, sig):
+    """The stop signal as systemd sends it: ``sig``, then SIGCONT (unless ``sig`` is SIGCONT or SIGKILL), so a stopped
+    (SIGSTOPped) process gets the signal now instead of at the SIGKILL after TimeoutStopSec. systemd:
+    src/basic/process-util.c kill_and_sigcont() ("If this worked, also send SIGCONT, unless we already just sent a
+    SIGCONT, or SIGKILL was sent"), called by src/core/unit.c unit_kill_context_one() for the main and control PIDs,
+    and cg_kill_recursive(..., CGROUP_SIGCONT|CGROUP_IGNORE_SELF, ...) in unit_kill_context() for the rest of the cgroup."""
+    kill(pids, sig)
+    if sig not in (signal.SIGCONT, signal.SIGKILL):
+        kill(pids, signal.SIGCONT)
 
 
 def _open_out(spec, name, default_fd=None):
@@ -1228,7 +1240,7 @@ def _kill_rest(u, s):
     if mode == "mixed":
         kill(rest, signal.SIGKILL)
         return _wait(lambda: not members(u.name), 5)
-    kill(rest, kill_signal(u))
+    kill_and_sigcont(rest, kill_signal(u))
     if _wait(lambda: not members(u.name), seconds(u.get("TimeoutStopSec"), 90.0)):
         return True
     s.set("deactivating", "stop-sigkill")
@@ -1327,9 +1339,9 @@ def _stop_locked(u, s):
         main = s.main_pid
         s.set("deactivating", "stop-sigterm")
         if mode == "control-group":
-            kill(set(members(u.name)) | ({main} if main else set()), sig)
+            kill_and_sigcont(set(members(u.name)) | ({main} if main else set()), sig)
         elif mode in ("process", "mixed"):
-            kill([main], sig)
+            kill_and_sigcont([main], sig)
 
         def done():
             if mode == "control-group":
