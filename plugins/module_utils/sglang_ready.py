@@ -19,6 +19,7 @@ import socket
 import time
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.six.moves import http_client
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
 
@@ -91,8 +92,9 @@ def http(method, url, api_key=None, body=None, timeout=5.0):
         status, raw = resp.getcode(), resp.read()
     except HTTPError as e:
         status, raw = e.code, e.read()
-    except (URLError, OSError, ValueError) as e:
-        # the kernel accepts a stopped server's connections: only the read times out
+    except (URLError, OSError, ValueError, http_client.HTTPException) as e:
+        # a broken answer (IncompleteRead, BadStatusLine) is a failed exchange, as a refused connection; the kernel
+        # accepts a stopped server's connections: only the read times out
         if isinstance(getattr(e, "reason", e), (socket.timeout, TimeoutError)):
             return None, "no answer within %gs" % timeout
         return None, None

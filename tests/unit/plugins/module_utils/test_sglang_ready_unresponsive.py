@@ -77,6 +77,28 @@ def test_http_tells_no_answer_from_a_refused_connection(silent_port):
     assert http("GET", "http://127.0.0.1:%d/health" % port, timeout=0.2) == (None, None)
 
 
+def test_a_broken_answer_is_a_failed_exchange_not_a_traceback():
+    """A server that answers with no HTTP status line (http.client's BadStatusLine) is not silent either."""
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def answer():
+        conn, _addr = srv.accept()
+        conn.recv(4096)
+        conn.sendall(b"not http at all\r\n\r\n")
+        conn.close()
+
+    t = threading.Thread(target=answer)
+    t.start()
+    try:
+        assert http("GET", "http://127.0.0.1:%d/health" % srv.getsockname()[1], timeout=2) == (None, None)
+    finally:
+        t.join(5)
+        srv.close()
+
+
 def test_a_stopped_server_is_unresponsive_with_its_process_state(tmp_path, silent_port, stopped_pid, no_gpus):
     g = gate(tmp_path, silent_port, stopped_pid)
     t0 = time.time()
