@@ -12,13 +12,13 @@ export PATH := $(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 COLL_LINK := .collections/ansible_collections/kpro/gpu_serving
 
-.PHONY: .debian-tools help setup lock sglang-lock check-inventory units units-a units-b static sanity lint lab-up lab-down lab-test lab-test-pve9 molecule test demo drill bench build ee-context clean
+.PHONY: .debian-tools help setup lock sglang-lock check-inventory units units-a units-b core-matrix static sanity lint lab-up lab-down lab-test lab-test-pve9 molecule test demo drill bench build ee-context clean
 
 help:
 	@echo "make demo   - set up, bring the lab up, run the migration twice (second run changed=0), lab down"
 	@echo "make test   - set up and run every test: units, sanity, ansible-lint, lab tests, molecule"
 	@echo "make drill DRILL=<phase>|all - the serve stage against a failure drill in the lab, with its diagnosis"
-	@echo "make setup | lock | units | sanity | lint | lab-up | lab-down | lab-test | lab-test-pve9 | molecule | bench | build"
+	@echo "make setup | lock | units | core-matrix | sanity | lint | lab-up | lab-down | lab-test | lab-test-pve9 | molecule | bench | build"
 	@echo "  (KPGS_LAB_RELEASE=pve9 make lab-up: a Proxmox VE 9 node; lab-test-pve9: the PVE 9 set, lab-test: all on PVE 8)"
 	@echo "make ee-context - the execution environment's build context in .build/ee (meta/execution-environment.yml)"
 	@echo "make check-inventory INVENTORY=inventories/kpro [ANSIBLE_ARGS=--ask-vault-pass] - the inventory checked offline"
@@ -45,6 +45,7 @@ setup: $(VENV)/.synced $(COLL_LINK) .debian-tools
 
 lock:
 	uv pip compile requirements/dev.in --python "$(PYTHON)" --generate-hashes -q -o requirements/dev.lock
+	$(foreach m,$(CORE_MINORS),uv pip compile requirements/core-$(m).in --python "$(PYTHON)" --generate-hashes -q -o requirements/core-$(m).lock;)
 
 # The inventory, checked offline before a run (playbooks/check-inventory.yml: on the controller only, it contacts no
 # host): every input of every host, all problems in one run. Needs only the venv, not the test tools.
@@ -66,6 +67,21 @@ units-a: setup
 
 units-b: setup
 	$(BIN)/python -m pytest -q tests/unit $(addprefix --ignore=,$(UNITS_A))
+
+# Every ansible-core minor meta/runtime.yml declares, other than the dev lock's 2.21, in its own venv from
+# requirements/core-<minor>.lock: ansible-doc renders every plugin and documented role (tests/tools/plugin_docs.py),
+# then a reduced unit set, tests/unit/plugins/module_utils (no lab, no dev toolchain); sanity, lint and the other unit
+# tests run on 2.21 only. About 2 min; pytest's exit 5 (nothing collected) fails it like any other.
+CORE_MINORS := 2.20
+CORE_UNITS := tests/unit/plugins/module_utils
+.build/core-%/.synced: requirements/core-%.lock $(VENV)/.synced
+	@[ -x .build/core-$*/bin/python ] || uv venv -q -p "$(PYTHON)" .build/core-$*
+	VIRTUAL_ENV=.build/core-$* uv pip sync -q --require-hashes $<
+	@touch $@
+
+core-matrix: $(foreach m,$(CORE_MINORS),.build/core-$(m)/.synced) $(COLL_LINK)
+	for m in $(CORE_MINORS); do .build/core-$$m/bin/python tests/tools/plugin_docs.py; \
+	  .build/core-$$m/bin/python -m pytest -q $(CORE_UNITS); done
 
 static: setup
 	tests/tools/sanity.sh
@@ -104,7 +120,7 @@ molecule: setup
 # The lab tests and molecule share the one lab, so they run one after the other, after the rest (PVE 9's set first:
 # the PVE 8 session after it resets the node to PVE 8). -Otarget prints each parallel job's output whole when it ends.
 test: setup
-	$(MAKE) --no-print-directory -j3 -Otarget units-a units-b static
+	$(MAKE) --no-print-directory -j3 -Otarget units-a units-b static core-matrix
 	$(MAKE) --no-print-directory lab-test-pve9 lab-test molecule
 
 demo: setup

@@ -8,7 +8,7 @@ DOCUMENTATION = r"""
 name: progress
 type: aggregate
 short_description: Show the progress of the collection's long steps at default verbosity
-version_added: "0.1.0"
+version_added: "0.2.0"
 description:
   - An Ansible module cannot stream output, so the collection runs its long steps (the model download, the driver
     install, the server's gate) in the background and polls them. This callback prints, next to the stdout callback's

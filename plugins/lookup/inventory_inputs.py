@@ -15,7 +15,7 @@ DOCUMENTATION = r"""
 name: inventory_inputs
 author:
   - kpro.gpu_serving contributors (!UNKNOWN)
-version_added: "0.1.0"
+version_added: "0.2.0"
 short_description: Resolve the variables a run reads on this host, one by one, unresolvable ones returned as data
 description:
   - Resolves, with the task's variables, every variable the concerns named by the terms read (a group of the run,

@@ -23,7 +23,7 @@ DOCUMENTATION = r"""
 name: pve_api
 author:
   - kpro.gpu_serving contributors (!UNKNOWN)
-version_added: "0.1.0"
+version_added: "0.2.0"
 short_description: Read the Proxmox VE API with an API token, the HTTP status and reason returned, never raised
 description:
   - >-

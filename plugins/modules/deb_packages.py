@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: deb_packages
 short_description: Install the Debian packages a stage needs, on a stock host, with a truthful check mode
-version_added: "0.2.0"
+version_added: "0.1.0"
 description:
   - Finds which of O(name) are not installed (C(dpkg-query)), asks apt what installing them means
     (C(apt-get -s), dependencies included) and installs them with C(apt-get install --no-install-recommends).

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: gpu_p2p_check
 short_description: Check, before a tensor-parallel launch, that the GPUs really talk to each other (peer access, copy, NCCL all-reduce)
-version_added: "0.3.0"
+version_added: "0.2.0"
 description:
   - "Runs C(<venv>/bin/python -c <script>) with the server's environment (O(environment): C(NCCL_P2P_DISABLE),
     C(CUDA_VISIBLE_DEVICES)...; the module's own NCCL/CUDA variables are not passed on). The script, real PyTorch in one

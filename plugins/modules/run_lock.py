@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: run_lock
 short_description: One run at a time per container - take or release its lock on the Proxmox node
-version_added: "0.1.0"
+version_added: "0.2.0"
 description:
   - "Runs on the container's Proxmox node (C(delegate_to)). The lock is C(<lock_dir>/kpro-gpu-serving-<vmid>.lock): the
     holder as JSON (controller host, ansible-playbook PID and start time, when taken, the node's boot id), empty when

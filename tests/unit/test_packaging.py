@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -145,6 +146,27 @@ def test_execution_environment_context(tmp_path):
         assert "openssh-client" in f.read()
 
 
+def _read(*path):
+    with open(os.path.join(REPO, *path), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_declared_ansible_core_minors_agree():
+    """meta/runtime.yml's floor is every role's and the EE's, and make core-matrix has a lock for each declared minor
+    below the dev lock's (which the rest of make test runs on)."""
+    floor = re.fullmatch(r">=(2\.\d+)\.0", yaml.safe_load(_read("meta", "runtime.yml"))["requires_ansible"]).group(1)
+    for role in sorted(os.listdir(os.path.join(REPO, "roles"))):
+        meta = yaml.safe_load(_read("roles", role, "meta", "main.yml"))
+        assert meta["galaxy_info"]["min_ansible_version"] == floor, role
+    pin = yaml.safe_load(_read("meta", "execution-environment.yml"))["dependencies"]["ansible_core"]["package_pip"]
+    assert pin.startswith("ansible-core>=%s," % floor), pin
+    dev = re.search(r"^ansible-core==(2\.\d+)\.", _read("requirements", "dev.lock"), re.M).group(1)
+    below = ["2.%d" % n for n in range(int(floor.split(".")[1]), int(dev.split(".")[1]))]
+    assert re.search(r"^CORE_MINORS := (.*)$", _read("Makefile"), re.M).group(1).split() == below
+    for minor in below:
+        assert re.search(r"^ansible-core==%s\.\d+ " % re.escape(minor), _read("requirements", "core-%s.lock" % minor), re.M)
+
+
 def _clone(tmp):
     if not os.path.exists(os.path.join(REPO, ".git")):
         pytest.skip("not a git checkout")
@@ -174,9 +196,24 @@ def test_collection_link_points_at_the_checkout():
     assert os.path.samefile(link, REPO)
 
 
-def test_changelog_released_and_lint_clean(tmp_path):
+def _version(text):
+    return tuple(int(part) for part in text.split("."))
+
+
+def test_pending_fragments_belong_to_an_unreleased_version():
+    """galaxy.yml names the next release while fragments wait for it, never one already released."""
     with open(os.path.join(REPO, "changelogs", "changelog.yaml"), encoding="utf-8") as f:
-        assert VERSION in yaml.safe_load(f)["releases"]
+        released = list(yaml.safe_load(f)["releases"])
+    pending = sorted(n for n in os.listdir(os.path.join(REPO, "changelogs", "fragments")) if n.endswith((".yml", ".yaml")))
+    assert not (VERSION in released and pending), \
+        "galaxy.yml's %s is released already, yet fragments wait: %s; bump galaxy.yml's version" % (VERSION, pending)
+    assert _version(VERSION) >= max(map(_version, released)), (VERSION, released)
+
+
+def test_changelog_lint_clean(tmp_path):
+    for args in (["lint"], ["lint-changelog-yaml", "changelogs/changelog.yaml"]):
+        res = run([tool("antsibull-changelog")] + args, cwd=REPO)
+        assert not res.stdout.strip(), res.stdout
     # a fragment added after the release lints too
     copy = str(tmp_path / "c")
     shutil.copytree(os.path.join(REPO, "changelogs"), os.path.join(copy, "changelogs"))
