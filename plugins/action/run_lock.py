@@ -10,8 +10,8 @@ import time
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import run_lock as rl
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import run_lock as rl
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 
 MODULE = "kpro.gpu_serving.run_lock"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 class ModuleDocFragment(object):
-    """The failure contract's return values (module_utils/failure.py), for the RETURN of every module that fails by phase."""
+    """The failure contract's return values (module_utils/common/failure.py), for the RETURN of every module that fails by phase."""
 
     DOCUMENTATION = r"""
 options: {}
@@ -15,7 +15,7 @@ options: {}
     RETURN = r"""
 phase:
   description:
-    - On failure, the failure's name from the collection's vocabulary (C(plugins/module_utils/failure.py)).
+    - On failure, the failure's name from the collection's vocabulary (C(plugins/module_utils/common/failure.py)).
     - C(docs/troubleshooting.md) lists every phase, the module that reports it, and what to do.
   returned: failure
   type: str

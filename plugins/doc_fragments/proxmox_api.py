@@ -6,7 +6,7 @@ from __future__ import annotations
 
 
 class ModuleDocFragment(object):
-    """The PVE API connection options (module_utils/proxmox_api.py api_argument_spec), for every module that takes them."""
+    """The PVE API connection options (module_utils/host/proxmox_api.py api_argument_spec), for every module that takes them."""
 
     DOCUMENTATION = r"""
 options:

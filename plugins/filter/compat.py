@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from ansible.utils.display import Display
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import compat
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import compat
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 
 
 def sglang_compat(version, architecture, tp=None, overrides=None):
-    """The module's verdict (module_utils/compat.py verdict()) on the controller, without a module run: the preflight
+    """The module's verdict (module_utils/container/compat.py verdict()) on the controller, without a module run: the preflight
     and stage 5 ask the table before anything is installed. A refusal or an invalid input is returned (action refuse,
     its phase, message, remedy and evidence) for the role's assert to report; warnings are Ansible's warnings."""
     tp = int(tp) if tp not in (None, "") else None

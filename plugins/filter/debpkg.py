@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import debpkg
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import debpkg
 
 
 def dpkg_query_sh(names):
-    """module_utils/debpkg.py query_shell(): the shell line a raw probe runs to list ``names`` with dpkg-query."""
+    """module_utils/common/debpkg.py query_shell(): the shell line a raw probe runs to list ``names`` with dpkg-query."""
     return debpkg.query_shell([str(n) for n in names or []])
 
 

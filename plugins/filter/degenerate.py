@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.degenerate import detect
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.degenerate import detect
 
 
 def _check(text):
@@ -17,7 +17,7 @@ def _check(text):
 
 
 def degenerate(text):
-    """True when the completion text is degenerate (see module_utils/degenerate.py for what that covers)."""
+    """True when the completion text is degenerate (see module_utils/serve/degenerate.py for what that covers)."""
     return _check(text)["degenerate"]
 
 

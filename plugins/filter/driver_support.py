@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import driver_support
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import driver_support
 
 
 def driver_kernel_problems(kernels, driver):
-    """module_utils/driver_support.py problems(): a line per kernel newer than the NVIDIA release builds for."""
+    """module_utils/host/driver_support.py problems(): a line per kernel newer than the NVIDIA release builds for."""
     if isinstance(kernels, str):
         kernels = kernels.split()
     return driver_support.problems(str(driver), [str(k).strip() for k in kernels or [] if str(k).strip()])

@@ -2,12 +2,12 @@
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters kpro.gpu_serving.inventory_problems and inventory_address_problems (docs in the .yml files beside this
-one): the offline inventory check's decisions (module_utils/inventory_check.py), for playbooks/check-inventory.yml and
+one): the offline inventory check's decisions (module_utils/controller/inventory_check.py), for playbooks/check-inventory.yml and
 the preflight."""
 
 from __future__ import annotations
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import inventory_check
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.controller import inventory_check
 
 
 def inventory_problems(inputs, host, defaults=None, lock_dir=""):
@@ -26,7 +26,7 @@ def inventory_address_problems(hosts):
 
 
 def sglang_lock_pythons(lock_dir, version, arch="*"):
-    """The Pythons the collection has a lock for (module_utils/inventory_check.py lock_pythons): the preflight's list."""
+    """The Pythons the collection has a lock for (module_utils/controller/inventory_check.py lock_pythons): the preflight's list."""
     return inventory_check.lock_pythons(str(lock_dir), str(version), str(arch))
 
 

@@ -2,11 +2,11 @@
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters kpro.gpu_serving.pve_token_permission_terms and pve_token_privileges (docs in the .yml files beside this
-one): the preflight's check of the API token's privileges (module_utils/pve_privileges.py)."""
+one): the preflight's check of the API token's privileges (module_utils/controller/pve_privileges.py)."""
 
 from __future__ import annotations
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_privileges
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.controller import pve_privileges
 
 
 def pve_token_permission_terms(vmids):

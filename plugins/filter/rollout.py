@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import rollout
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.controller import rollout
 
 
 def rollout_plan(groups, hostvars, batch_size=None, max_fail_percentage=None, play_hosts=None):
-    """The rollout's host order, serial and max_fail_percentage (module_utils/rollout.py plan())."""
+    """The rollout's host order, serial and max_fail_percentage (module_utils/controller/rollout.py plan())."""
     try:
         return rollout.plan(groups, hostvars, batch_size, max_fail_percentage, play_hosts)
     except (TypeError, ValueError) as e:
@@ -20,7 +20,7 @@ def rollout_plan(groups, hostvars, batch_size=None, max_fail_percentage=None, pl
 
 
 def rollout_status(units, hostvars):
-    """One line per rollout unit: serving, FAILED or not touched (module_utils/rollout.py status())."""
+    """One line per rollout unit: serving, FAILED or not touched (module_utils/controller/rollout.py status())."""
     return rollout.status(units, hostvars)
 
 

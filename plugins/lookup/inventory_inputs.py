@@ -6,7 +6,7 @@
 Why a lookup: a lookup gets the task's variables and templates with them (``hostvars`` included, which a variable such
 as ``pct_host: "{{ hostvars[pve_node_host].ansible_host }}"`` needs and which ``hostvars[host][name]`` read from another
 host's task lacks), and it can resolve each variable inside a try: an undefined vault variable comes back as data
-naming it, instead of failing the task at the first one. The decisions are module_utils/inventory_check.py's.
+naming it, instead of failing the task at the first one. The decisions are module_utils/controller/inventory_check.py's.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ _list:
 from ansible.errors import AnsibleError, AnsibleUndefinedVariable, AnsibleValueOmittedError
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import inventory_check
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.controller import inventory_check
 
 
 class LookupModule(LookupBase):

@@ -76,8 +76,8 @@ remedy:
 import glob
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import debpkg
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import debpkg
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
 
 OSRELEASE = "/proc/sys/kernel/osrelease"
 

@@ -266,10 +266,10 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvml as nvml_utils
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import nvml as nvml_utils
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import pci
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.fileio import root_options
 
 ROOTS = dict(sysfs_root="/sys", proc_root="/proc")  # test-only roots, documented as internal
 

@@ -134,11 +134,11 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import gpu_p2p as gp
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.deployment import STATE_DIR, venv_lock
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvml import gpu_facts
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_unit import gpus_needed
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import gpu_p2p as gp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.deployment import STATE_DIR, venv_lock
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.nvml import gpu_facts
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_unit import gpus_needed
 
 
 def main():

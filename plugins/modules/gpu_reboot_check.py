@@ -123,9 +123,9 @@ problems:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.reboot_check import check_host, verdict
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.fileio import root_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host.reboot_check import check_host, verdict
 
 ROOTS = dict(dkms_framework_conf="/etc/dkms/framework.conf", boot_dir="/boot", modules_root="/lib/modules", proc_root="/proc",
              sysfs_root="/sys", etc_root="/etc")

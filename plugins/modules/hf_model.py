@@ -315,11 +315,11 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf_download as hd
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import names
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail as failure_fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import deployment as dp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf_download as hd
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import names
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail as failure_fail
 
 
 def main():

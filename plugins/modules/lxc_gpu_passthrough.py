@@ -322,11 +322,11 @@ status:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import ct_passthrough as ct
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config as lc
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import ct_passthrough as ct
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import lxc_config as lc
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.fileio import root_options
 
 ROOTS = dict(dev_root="/", proc_root="/")  # test-only roots (or a chroot), documented as internal
 

@@ -244,10 +244,10 @@ failure:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import root_options
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvidia_host import Driver
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_run
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.fileio import root_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host.nvidia_host import Driver
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import vfio_run
 
 ROOTS = dict(proc_root="/proc", dkms_framework_conf="/etc/dkms/framework.conf", boot_dir="/boot", modules_root="/lib/modules", dkms_tree="/var/lib/dkms")
 

@@ -87,8 +87,8 @@ path:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import run_lock as rl
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import run_lock as rl
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
 
 
 def main():

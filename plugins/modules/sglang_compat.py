@@ -12,7 +12,7 @@ short_description: Check an SGLang version against the collection's compatibilit
 version_added: "0.1.0"
 description:
   - Looks up O(version) x O(architecture) x O(tp) in the compatibility table of known-bad SGLang releases
-    (C(plugins/module_utils/compat.py)) and fails, before anything is installed, when a rule refuses the
+    (C(plugins/module_utils/container/compat.py)) and fails, before anything is installed, when a rule refuses the
     combination, naming the rule, the upstream pull request that fixed it and the remedy.
   - For example SGLang 0.5.9 with C(Qwen3_5ForConditionalGeneration) at tensor parallel 2 is refused (PR 19070,
     the dense MLP output is never all-reduced across ranks); 0.5.10 and 0.5.10.post1 are refused for that
@@ -109,8 +109,8 @@ remedy:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import compat
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import compat
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
 
 
 def main():

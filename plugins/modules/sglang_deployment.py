@@ -157,8 +157,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import deployment as dp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import fail
 
 
 def run(module, result, record):

@@ -152,8 +152,8 @@ log_found:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import diagnose_file
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_log import diagnose_file
 
 
 def main():

@@ -348,10 +348,10 @@ facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import failure
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.fileio import read_text
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_ready import GATE_MUTUALLY_EXCLUSIVE, GATE_REQUIRED_ONE_OF, GATE_SPEC, Gate
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.fileio import read_text
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_ready import GATE_MUTUALLY_EXCLUSIVE, GATE_REQUIRED_ONE_OF, GATE_SPEC, Gate
 
 
 def main():

@@ -391,12 +391,12 @@ remedy:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import failure
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import names
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_ready import look_once, look_options
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_serve import Server
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import deployment as dp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import names
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_ready import look_once, look_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_serve import Server
 
 
 ARGUMENT_SPEC = dict(

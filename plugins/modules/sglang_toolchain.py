@@ -75,8 +75,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import toolchain
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import toolchain
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
 
 
 def main():

@@ -311,9 +311,9 @@ reboot_reasons:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_run
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_host as vh
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure, fail
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import vfio_run
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import vfio_host as vh
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail
 
 
 def main():

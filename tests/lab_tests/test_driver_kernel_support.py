@@ -1,5 +1,5 @@
 """Issue 28: a kernel newer than the pinned NVIDIA release builds its module for is refused by the preflight, before
-anything is built or installed, naming the release that builds for it (plugins/module_utils/driver_support.py).
+anything is built or installed, naming the release that builds for it (plugins/module_utils/host/driver_support.py).
 
 The node (either release; on PVE 9.1 this is what `apt full-upgrade` brings once Proxmox switches the default kernel
 to 7.0, pve-kernel master) has 7.0 installed next to the kernel it runs. Without the preflight, the gpu_host stage
@@ -37,7 +37,7 @@ def test_preflight_refuses_a_kernel_newer_than_the_driver_builds_for(upgraded):
     out = play("--tags", "preflight").stdout
     flat = " ".join(out.split())
     assert recap(out)["failed"] == 1, out[-4000:]
-    assert ("kernel %s is newer than NVIDIA 580.126.09 builds its module for (up to 6.18, plugins/module_utils/"
+    assert ("kernel %s is newer than NVIDIA 580.126.09 builds its module for (up to 6.18, plugins/module_utils/host/"
             "driver_support.py): set gpu_host_driver_version to 580.142 or newer (the first release that builds for "
             "7.0)" % NEW) in flat, out[-4000:]
     assert "kernel %s is newer" % running not in flat

@@ -189,8 +189,8 @@ def test_ssh_paramiko_backend_uses_pvesh(ssh_api, scratch):
 
 
 def test_collection_connect_ssh_strict_known_hosts(cred):
-    pytest.importorskip("ansible_collections.kpro.gpu_serving.plugins.module_utils.proxmox_api")
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api
+    pytest.importorskip("ansible_collections.kpro.gpu_serving.plugins.module_utils.host.proxmox_api")
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api
     s = proxmox_api.connect(dict(api_backend="ssh_paramiko", api_host=cred["host"], ssh_private_key_file=KEY,
                                  ssh_known_hosts=KNOWN_HOSTS, ssh_host_key_checking=True, api_timeout=60))
     assert s.authuser == "root@pam"

@@ -54,24 +54,25 @@ def _imports(tree):
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom) or not node.module:
             continue
-        if node.module.startswith(UTILS_PREFIX):  # from ...module_utils.pci import x
-            found.add(node.module[len(UTILS_PREFIX):])
-        elif node.module + "." == UTILS_PREFIX:  # from ...module_utils import pci as p
-            found.update(a.name for a in node.names)
+        parts = node.module[len(UTILS_PREFIX):].split(".") if node.module.startswith(UTILS_PREFIX) else []
+        if len(parts) >= 2:     # from ...module_utils.host.pci import x
+            found.add("/".join(parts[:2]))
+        elif len(parts) == 1:   # from ...module_utils.host import pci as p
+            found.update("%s/%s" % (parts[0], a.name) for a in node.names)
     return sorted(found)
 
 
 def scan(kind):
     folder = os.path.join(ROOT, "plugins", kind)
     rows = []
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith(".py") or name == "__init__.py":
-            continue
-        with open(os.path.join(folder, name), encoding="utf-8") as f:
-            text = f.read()
-        tree = ast.parse(text)
-        rows.append({"file": name[:-3], "lines": text.count("\n"), "doc": _doc_lines(tree), "functions": _functions(tree),
-                     "imports": _imports(tree)})
+    for dirpath, _dirs, names in sorted(os.walk(folder)):
+        for name in sorted(n for n in names if n.endswith(".py") and n != "__init__.py"):
+            with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+                text = f.read()
+            tree = ast.parse(text)
+            rel = os.path.relpath(os.path.join(dirpath, name[:-3]), folder)   # module_utils: <group>/<file>
+            rows.append({"file": rel, "lines": text.count("\n"), "doc": _doc_lines(tree), "functions": _functions(tree),
+                         "imports": _imports(tree)})
     return rows
 
 

@@ -6,7 +6,7 @@ For each wheel (sorted by version) it reads sglang/srt/server_args.py and sglang
 prints, against the previous wheel: the server arguments added, removed or deprecated (renamed when the deprecation's
 help says "use --X"), the dataclass defaults and the body digests of the methods that compute mem_fraction_static,
 max_running_requests, chunked_prefill_size and context_length, the mamba / radix and speculative rules, the health
-routes and the metrics flag; each with the wheel's file:line. The result is what plugins/module_utils/sglang_releases.py
+routes and the metrics flag; each with the wheel's file:line. The result is what plugins/module_utils/container/sglang_releases.py
 holds (the collection's flags in full, other added flags as a count).
 
     .venv/bin/python tests/tools/sglang_release_diff.py /tmp/wheels/sglang-0.5.11-*.whl /tmp/wheels/v*/sglang-*.whl

@@ -66,7 +66,7 @@ def test_the_example_inventory_uses_documentation_addresses_only():
 
 
 def test_the_two_node_server_has_ranks_0_and_1_and_one_init_address():
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_multinode as mn
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_multinode as mn
     with open(os.path.join(FLEET, "hosts.yml")) as f:
         hosts = yaml.safe_load(f)["all"]["children"]["gpu_containers"]["children"]["two_node_server"]["hosts"]
     with open(os.path.join(FLEET, "group_vars", "two_node_server.yml")) as f:

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import RELEASE
 
-# The collection's command lines (plugins/module_utils/nvidia_installer.py installer_args).
+# The collection's command lines (plugins/module_utils/host/nvidia_installer.py installer_args).
 HOST = ["--silent", "--no-x-check", "--kernel-module-type=open", "--dkms", "--disable-nouveau", "--no-rebuild-initramfs",
         "--kernel-name=%s" % RELEASE]
 USERSPACE = ["--silent", "--no-x-check", "--no-kernel-modules", "--no-dkms", "--no-nouveau-check"]

@@ -248,7 +248,7 @@ def scenario(T):  # noqa: C901  one long, linear story
     # the serve unit's launcher under this init: per-launch log through the redacting FIFO, Restart=on-failure after a
     # SIGKILL of the main process (issue 12)
     sys.path.insert(0, os.path.join(REPO, ".collections"))
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_unit as su
     for name, text, perms in (("launch", su.LAUNCHER_SCRIPT, "0755"), ("srv.py", SRV, "0644")):
         with open(os.path.join(T, name), "w") as f:
             f.write(text)

@@ -91,7 +91,7 @@ def test_the_collections_unit_lines_come_back_as_written():
     """sglang_unit.exec_start()'s line and environment_assignment() read back by systemd's rules give the words and
     the value the collection meant, for values with $, %, quotes, backslashes, spaces and a lone ';'."""
     sys.path.insert(0, os.path.join(REPO, ".collections"))
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_unit as su
     odd = ["$HOME", "a$$b", "${X}", "50%", "%n", "it's", 'say "hi"', "back\\slash", "two words", ";", "\\;", "",
            "tab\there"[:3]]
     words, line = su.exec_start("/opt/v", {"model_path": "/m", "extra": odd}, "sglang")

@@ -1,7 +1,7 @@
 """The lab's module build against a kernel newer than the NVIDIA release knows (kernel_api.py): DKMS fails in the
 compiler as the real one does, with make.log, and the collection reads the cause from it."""
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import installer_log
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import installer_log
 
 from conftest import VERSION, lablib
 # host is a fixture, used by name

@@ -30,7 +30,7 @@ TOTAL_SIZE = 55400000000  # bytes in the real model's index (metadata.total_size
 sys.path.insert(0, STANDIN)
 from sglang.srt._kpro_lab import args as sargs  # noqa: E402
 from sglang.srt._kpro_lab import memory  # noqa: E402
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_log, sglang_plan, sglang_rules  # noqa: E402
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_log, sglang_plan, sglang_rules  # noqa: E402
 
 WHEEL = "sglang-0.5.11 wheel (pip download --no-deps sglang==0.5.11)"
 

@@ -2,7 +2,7 @@
 
 No root and no lab needed: a temporary KPRO_LAB_ROOT holds a state.json with two RTX A6000 (the SGLang stand-in's
 state, read through the SGLang stand-in as the server stand-in reads it). The check's own script
-(module_utils/gpu_p2p.py SCRIPT) runs against it in a child process, as the module runs it in the SGLang venv.
+(module_utils/serve/gpu_p2p.py SCRIPT) runs against it in a child process, as the module runs it in the SGLang venv.
 """
 
 import hashlib
@@ -24,8 +24,8 @@ for _d in (SGLANG_STANDIN, STANDIN):
 
 import torch  # noqa: E402
 import torch.cuda.nccl  # noqa: E402
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import gpu_p2p as gp  # noqa: E402
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure  # noqa: E402
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import gpu_p2p as gp  # noqa: E402
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure  # noqa: E402
 
 
 @pytest.fixture

@@ -57,7 +57,7 @@ def _role_vars(role):
 
 
 def test_the_look_is_the_gates_own_options_with_a_short_timeout():
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_ready import LOOK_KEYS
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_ready import LOOK_KEYS
     converge, wait, _keep = _gate_tasks()
     rv = _role_vars("sglang_server")
     assert converge["args"] == "{{ sglang_server__converge_args }}"

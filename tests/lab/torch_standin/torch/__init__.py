@@ -1,6 +1,6 @@
 """Lab stand-in for PyTorch (kpro.gpu_serving tests). Not the real PyTorch.
 
-Exactly the API the collection's two-GPU check (plugins/module_utils/gpu_p2p.py SCRIPT) uses: ``torch.full``,
+Exactly the API the collection's two-GPU check (plugins/module_utils/serve/gpu_p2p.py SCRIPT) uses: ``torch.full``,
 ``Tensor.to`` / ``.cpu`` / ``.tolist``, ``torch.cuda.device_count``, ``can_device_access_peer``, ``synchronize`` and
 ``torch.cuda.nccl.all_reduce``. The GPUs are the lab's (the SGLang stand-in's state), the failures its drills. See
 tests/lab/torch_standin/README.md in the kpro.gpu_serving repository.

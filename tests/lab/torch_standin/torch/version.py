@@ -1,5 +1,5 @@
 # As the real torch 2.11.0 wheel's torch/version.py (the CUDA build from PyPI): its CUDA release, which
-# kpro.gpu_serving's runtime toolchain check compares with nvcc's (plugins/module_utils/toolchain.py torch_cuda_major).
+# kpro.gpu_serving's runtime toolchain check compares with nvcc's (plugins/module_utils/container/toolchain.py torch_cuda_major).
 # build_wheel.py keeps these lines and writes the wheel's version into __version__.
 __version__ = "2.11.0"
 cuda = "13.0"

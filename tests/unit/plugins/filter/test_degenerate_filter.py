@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The filters kpro.gpu_serving.degenerate and degenerate_reason (module_utils/degenerate.py) as a playbook uses them."""
+"""The filters kpro.gpu_serving.degenerate and degenerate_reason (module_utils/serve/degenerate.py) as a playbook uses them."""
 
 from __future__ import annotations
 

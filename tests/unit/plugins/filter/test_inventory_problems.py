@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The offline inventory check's decisions (module_utils/inventory_check.py) through its filters
+"""The offline inventory check's decisions (module_utils/controller/inventory_check.py) through its filters
 kpro.gpu_serving.inventory_problems and inventory_address_problems, one concern at a time, on inputs shaped as the
 lookup kpro.gpu_serving.inventory_inputs returns them."""
 
@@ -12,7 +12,7 @@ import os
 import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.filter import inventory_check as flt
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import inventory_check as ic
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.controller import inventory_check as ic
 
 SHA = "sha256:" + "ab" * 32
 COMMIT = "6f3a9c1e2b7d4085a1c9e3f7b2d6a4c8e0f1b3d5"

@@ -79,7 +79,7 @@ SCENARIOS = {"power": power, "start_fails": start_fails, "devn": devn, "connect_
 def main():
     spec = json.loads(sys.argv[1])
     sys.path[:0] = spec["paths"]
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
     try:
         import proxmoxer
         version = getattr(proxmoxer, "__version__", "?")

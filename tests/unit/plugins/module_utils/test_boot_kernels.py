@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import boot_kernels as bk
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.nvidia_installer import parse_dkms_status
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import boot_kernels as bk
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host.nvidia_installer import parse_dkms_status
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "kernels")
 V = "580.126.09"

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import bootcfg
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import bootcfg
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "bootcfg")
 A6000 = ["10de:2230", "10de:1aef"]

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import compat as c
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import compat as c
 
 DENSE = "Qwen3_5ForConditionalGeneration"
 QWEN36_27B = {"architectures": [DENSE], "text_config": {"linear_num_key_heads": 16, "linear_num_value_heads": 48}}

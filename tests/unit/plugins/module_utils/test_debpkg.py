@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import debpkg
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import debpkg
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "apt")
 

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import degenerate as dg
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import language, language_words
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.language_words import WORDS
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import degenerate as dg
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import language, language_words
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.language_words import WORDS
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "outputs")
 

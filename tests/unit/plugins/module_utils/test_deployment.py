@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import deployment as dp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 
 OLD, NEW = "a" * 64, "b" * 64
 OPTS = {"model_path": "/srv/models/m", "tp_size": 2, "context_length": 65536, "port": 30000}
@@ -172,7 +172,7 @@ def test_a_kept_model_revision_is_restored_and_a_missing_one_is_not_started(tmp_
 
 
 def test_the_kept_copy_is_found_where_the_model_stage_keeps_it(tmp_path):
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf, model_revisions as mr
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf, model_revisions as mr
     model = str(tmp_path / "m")
     commit = "c" * 40
     hf.save_json(os.path.join(mr.kept_path(model, commit), mr.KEPT_FILE), {"commit": commit, "revision": "v1"})

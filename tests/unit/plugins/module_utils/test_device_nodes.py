@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import device_nodes as dn
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import reboot_check as rc
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import device_nodes as dn
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import nvidia_installer as ni
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import reboot_check as rc
 
 
 @pytest.mark.parametrize("count", [1, 2, 4])

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import driver_kernels as dk
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_host as nh
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import driver_kernels as dk
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import nvidia_host as nh
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 
 V = "580.126.09"
 OLD, NEW = "6.8.12-9-pve", "6.8.12-10-pve"

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The NVIDIA 580 releases' kernel bounds (module_utils/driver_support.py) and the preflight's filter over them
+"""The NVIDIA 580 releases' kernel bounds (module_utils/host/driver_support.py) and the preflight's filter over them
 (kpro.gpu_serving.driver_kernel_problems); and that the bound is never laxer than the lab's model of the module build
 (tests/lab/rootfs/usr/lib/kpro-lab/kernel_api.py): a kernel whose build fails there is refused here."""
 
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.filter.driver_support import driver_kernel_problems
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import driver_support as ds
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import driver_support as ds
 
 LABLIB = os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "rootfs", "usr", "lib", "kpro-lab")
 
@@ -42,7 +42,7 @@ def test_pve_9_2s_kernel_is_refused_naming_the_release_that_builds_for_it():
     lines = driver_kernel_problems(["6.17.13-2-pve", "7.0.14-1-pve"], "580.126.09")
     assert lines == [
         "kernel 7.0.14-1-pve is newer than NVIDIA 580.126.09 builds its module for (up to 6.18, "
-        "plugins/module_utils/driver_support.py): set gpu_host_driver_version to 580.142 or newer (the first release "
+        "plugins/module_utils/host/driver_support.py): set gpu_host_driver_version to 580.142 or newer (the first release "
         "that builds for 7.0), or keep the host on a kernel up to 6.18 (remove the newer kernel, or proxmox-boot-tool "
         "kernel pin <release>)"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import failure
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_log
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_log
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 UNIT = os.path.join(REPO, "tests", "unit")
@@ -121,16 +121,22 @@ _PHASE_LITERALS = (re.compile(r'\bFailure\(\s*"([a-z_]+)"'), re.compile(r'\bphas
                    re.compile(r'PHASE = "([a-z_]+)"'), re.compile(r'InstallerError\(\s*"([a-z_]+)"'), re.compile(r'phase = "([a-z_]+)"'))
 
 
+def _py_files(base):
+    """(path relative to ``base``, path) of every .py file under ``base``, its groups' folders included."""
+    out = []
+    for dirpath, _dirs, names in os.walk(base):
+        out += [(os.path.relpath(os.path.join(dirpath, n), base), os.path.join(dirpath, n)) for n in names if n.endswith(".py")]
+    return sorted(out)
+
+
 def test_every_phase_named_in_the_plugins_is_in_the_vocabulary():
     found = {}
     for folder in ("modules", "module_utils"):
-        base = os.path.join(REPO, "plugins", folder)
-        for name in sorted(os.listdir(base)):
-            if name.endswith(".py"):
-                text = _read(os.path.join(base, name))
-                for rx in _PHASE_LITERALS:
-                    for phase in rx.findall(text):
-                        found.setdefault(phase, "%s/%s" % (folder, name))
+        for name, path in _py_files(os.path.join(REPO, "plugins", folder)):
+            text = _read(path)
+            for rx in _PHASE_LITERALS:
+                for phase in rx.findall(text):
+                    found.setdefault(phase, "%s/%s" % (folder, name))
     unknown = dict((p, where) for p, where in found.items() if p not in failure.VOCABULARY)
     assert len(found) > 30 and unknown == {}, "add these phases to failure.py: %s" % unknown
 
@@ -182,10 +188,9 @@ def _calls(path, names):
 
 def test_only_a_modules_main_ends_the_module_and_fails_once():
     utils = os.path.join(REPO, "plugins", "module_utils")
-    ending = dict((name, _calls(os.path.join(utils, name), ("exit_json", "fail_json", "exit")))
-                  for name in sorted(os.listdir(utils)) if name.endswith(".py"))
+    ending = dict((name, _calls(path, ("exit_json", "fail_json", "exit"))) for name, path in _py_files(utils))
     # failure.fail is how a main fails (it calls fail_json); nothing else in module_utils ends the module
-    assert dict((k, v) for k, v in ending.items() if v) == {"failure.py": [("fail", "fail_json")]}
+    assert dict((k, v) for k, v in ending.items() if v) == {"common/failure.py": [("fail", "fail_json")]}
     modules = os.path.join(REPO, "plugins", "modules")
     for name in sorted(os.listdir(modules)):
         if name.endswith(".py"):
@@ -194,7 +199,7 @@ def test_only_a_modules_main_ends_the_module_and_fails_once():
 
 
 def test_error_types_of_module_utils_are_failures_with_a_phase():
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config, nvidia_installer, proxmox_api, pve_guests
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import lxc_config, nvidia_installer, proxmox_api, pve_guests
     assert lxc_config.LxcConfigError("x").phase == "ct_config_refused"
     assert lxc_config.LxcConfigError("x", phase="ct_locked").phase == "ct_locked"
     assert proxmox_api.ProxmoxTaskError("x", status="stopped").phase == "pve_api_error"

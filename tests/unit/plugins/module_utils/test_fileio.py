@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import fileio, pmxcfs
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import fileio
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import pmxcfs
 
 
 def test_read_text_keeps_undecodable_bytes_and_missing_is_none(tmp_path):

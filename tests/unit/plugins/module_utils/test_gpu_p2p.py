@@ -1,6 +1,6 @@
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The two-GPU check (module_utils/gpu_p2p.py): the stamp's key, the script's output, the phase decision, and the
+"""The two-GPU check (module_utils/serve/gpu_p2p.py): the stamp's key, the script's output, the phase decision, and the
 timeout with real child processes that sleep (their process group is killed by the child's PID)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import gpu_p2p as gp
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import gpu_p2p as gp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 
 GPUS = [{"index": 0, "uuid": "GPU-aaaa", "pci_bus_id": "00000000:17:00.0"}, {"index": 1, "uuid": "GPU-bbbb", "pci_bus_id": "00000000:65:00.0"}]
 BANNER = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.126.09  Release Build  (dvs-builder@U16-I3-B03-4-3)\n"

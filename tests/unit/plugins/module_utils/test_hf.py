@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "qwen3.6-27b")
 COMMIT = "6f3a9c1e2b7d4085a1c9e3f7b2d6a4c8e0f1b3d5"
@@ -271,7 +271,7 @@ def test_dir_lock_dropped_when_the_holder_dies(tmp_path):
     import sys
     import time
     d = str(tmp_path / "m")
-    code = ("import sys, time; from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf\n"
+    code = ("import sys, time; from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf\n"
             "hf.DirLock(sys.argv[1]).acquire(5); print('held', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, d], stdout=subprocess.PIPE, universal_newlines=True,
                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import installer_log as il
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import installer_log as il
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "nvidia-installer")
 FIXTURES = sorted(os.path.basename(p) for p in glob.glob(os.path.join(FIX, "*.log")))

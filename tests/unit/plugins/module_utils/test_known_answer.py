@@ -9,7 +9,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import known_answer as ka
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import known_answer as ka
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 COUNT = "\n".join(str(i) for i in range(1, 21))

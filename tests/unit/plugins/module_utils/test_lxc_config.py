@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config as lc
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import lxc_config as lc
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "lxc")
 GPU_DEVICES = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]

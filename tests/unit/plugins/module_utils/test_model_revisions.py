@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf_download as hd
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import model_revisions as mr
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf_download as hd
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import model_revisions as mr
 
 REPO_ID = "Qwen/Qwen3.6-27B"
 A, B, C = "a" * 40, "b" * 40, "c" * 40

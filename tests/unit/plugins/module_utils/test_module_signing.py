@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import module_signing as ms
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import module_signing as ms
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 
 
 def make_cert(cn, serial):

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import names
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import names
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import pci
 
 
 @pytest.mark.parametrize("unit", ["sglang.service", "sglang", "sglang-2.service", "a:b_c.d.service", "x" * 247 + ".service"])

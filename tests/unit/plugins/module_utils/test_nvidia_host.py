@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_host as nh
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import nvidia_host as nh
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 
 PARAMS = dict(version="580.126.09", mode="host", state="present", installer_path=None, installer_url=None,
               installer_checksum=None, download_dir="/nonexistent", kernel_module_type="open", dkms=True,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import nvidia_installer as ni
 
 
 def test_parse_dkms_status_new_and_old_format():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvml
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import nvml
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "nvidia-smi")
 MIB = 1024 * 1024

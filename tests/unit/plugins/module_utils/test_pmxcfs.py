@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config as lc
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pmxcfs
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_guests as pg
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import lxc_config as lc
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import pmxcfs
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import pve_guests as pg
 
 
 class CallerError(Exception):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
 
 UPID = "UPID:kpro5:0001A2B3:00C0FFEE:6650A1B2:vzstart:129:root@pam!ansible:"
 

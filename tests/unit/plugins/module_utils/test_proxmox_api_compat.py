@@ -424,7 +424,7 @@ def test_missing_requests_is_an_error_not_an_exit(debian12, tmp_path):
 
 
 def test_module_fails_before_writing_and_names_the_packages(tmp_path, monkeypatch):
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
     from ansible_collections.kpro.gpu_serving.plugins.modules import lxc_gpu_passthrough as mod
     from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleFailJson, run_module
     monkeypatch.setattr(pa, "HAS_PROXMOXER", False)

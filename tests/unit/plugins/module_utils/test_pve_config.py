@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_config as pc
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import pve_config as pc
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures")
 CT_FILES = sorted(glob.glob(os.path.join(FIX, "lxc", "*.conf")))

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_guests as pg
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import pve_guests as pg
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "pve")
 GPU0 = ["0000:17:00.0", "0000:17:00.1"]

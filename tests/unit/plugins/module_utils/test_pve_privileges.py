@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The preflight's check of the API token's privileges (module_utils/pve_privileges.py, filters pve_token_*), the
+"""The preflight's check of the API token's privileges (module_utils/controller/pve_privileges.py, filters pve_token_*), the
 pve_api lookup's query strings, and the README's pveum commands against the one table."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.filter import pve_privileges as filters
 from ansible_collections.kpro.gpu_serving.plugins.lookup import pve_api
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_privileges as pp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.controller import pve_privileges as pp
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "README.md")
 ALL = {p: 1 for p in ("Permissions.Modify", "Sys.Modify", "VM.Audit", "VM.PowerMgmt", "VM.Allocate")}

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import reboot_check as rc
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import nvidia_installer as ni
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import reboot_check as rc
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins import fake_sysfs
 
 V, NEW = "580.126.09", "6.8.12-10-pve"

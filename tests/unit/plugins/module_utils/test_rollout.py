@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import rollout
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.controller import rollout
 
 GROUPS = {"proxmox_hosts": ["gpu-a", "gpu-b", "gpu-c", "gpu-d"], "gpu_containers": ["ct201", "ct202", "ct301", "ct302"]}
 TWO = {"nnodes": 2, "dist_init_addr": "192.0.2.31:20000", "tp_size": 4}

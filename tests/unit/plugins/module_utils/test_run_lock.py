@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.action import run_lock as action
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import run_lock as rl
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import run_lock as rl
 
 BOOT = "b0"
 

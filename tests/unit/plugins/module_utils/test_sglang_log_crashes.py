@@ -37,9 +37,9 @@ import re
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import failure
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_log as sl
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_log_signals as signals
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_log as sl
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_log_signals as signals
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "sglang_logs")
 # this issue's logs: the ones of the other issues' splits (toolchain, activation.cuh) are scored in their own tests

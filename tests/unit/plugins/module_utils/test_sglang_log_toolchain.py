@@ -28,7 +28,7 @@ import re
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_log as sl
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_log as sl
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "sglang_logs")
 PHASE = "runtime_toolchain_missing"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_multinode as mn
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_plan, sglang_serve
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_multinode as mn
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_plan, sglang_serve
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_unit as su
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures")
 BASE = {"model_path": "/srv/models/Qwen3.6-27B", "served_model_name": "qwen3.6-27b", "tp_size": 4, "context_length": 32768,

@@ -13,9 +13,9 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_options as so
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_plan, sglang_serve
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_options as so
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_plan, sglang_serve
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_unit as su
 
 TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 ROLE = os.path.join(TOP, "roles", "sglang_server")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_plan as sp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_plan as sp
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "qwen3.6-27b")
 CONFIG = os.path.join(FIX, "config.json")

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_prestop as sp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_prestop as sp
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_ready
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_ready import GATE_SPEC, Gate, http
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_ready
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_ready import GATE_SPEC, Gate, http
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.serve_lab import (  # noqa: F401  pylint: disable=unused-import
     MODEL_NAME, fakenvml, serve_lab)
 

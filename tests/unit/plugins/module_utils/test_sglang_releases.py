@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import compat as c
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_releases as sr
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import compat as c
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import sglang_releases as sr
 
 # every release on PyPI from 0.5.11 to 0.5.23 (https://pypi.org/pypi/sglang/json, read 2026-12-05)
 PYPI = ["0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_restart as sr
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_plan import plan
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_restart as sr
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_plan import plan
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "qwen3.6-27b")
 OPTS = {"model_path": "/srv/models/Qwen3.6-27B", "tp_size": 2, "context_length": 65536, "mem_fraction_static": 0.85, "port": 30000}

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_ready, sglang_serve, sglang_unit as su
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import LAUNCH_HEADER, launch_header, read_launch_header
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_ready, sglang_serve, sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_log import LAUNCH_HEADER, launch_header, read_launch_header
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "qwen3.6-27b")
 OPTS = {"model_path": "/srv/models/Qwen3.6-27B", "served_model_name": "qwen3.6-27b", "tp_size": 2, "context_length": 65536,

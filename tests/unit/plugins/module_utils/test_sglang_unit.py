@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_log import read_launch_header, select_launch
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_log import read_launch_header, select_launch
 
 KPRO5 = {"model_path": "/srv/models/Qwen3.6-27B", "served_model_name": "qwen3.6-27b", "tp_size": 2, "context_length": 65536,
          "mem_fraction_static": 0.85, "max_running_requests": 16, "host": "0.0.0.0", "port": 30000}

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_unit as su
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_unit as su
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STANDIN = os.path.normpath(os.path.join(HERE, "..", "..", "..", "lab", "sglang_standin"))

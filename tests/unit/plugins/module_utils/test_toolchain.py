@@ -1,4 +1,4 @@
-"""The runtime toolchain look (module_utils/toolchain.py): each rule run for real by this machine's Python, in a venv
+"""The runtime toolchain look (module_utils/container/toolchain.py): each rule run for real by this machine's Python, in a venv
 laid out as the lock's wheels lay it out, with the environment the server's unit gets."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sysconfig
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import toolchain as tc
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import toolchain as tc
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 
 
 def _exe(path, text):

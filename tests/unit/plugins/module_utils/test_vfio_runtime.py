@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import vfio_runtime
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import pci
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import vfio_runtime
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins import fake_sysfs
 
 GPU0, AUD0, GPU1, AUD1 = "0000:17:00.0", "0000:17:00.1", "0000:73:00.0", "0000:73:00.1"

@@ -176,18 +176,18 @@ class ServeLab(object):
         return o
 
     def argv(self, options):
-        from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_unit import render_flags
+        from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_unit import render_flags
         return [sys.executable, "-m", "sglang.launch_server"] + render_flags(options)
 
     def write_launcher(self):
-        from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_unit import LAUNCHER_SCRIPT
+        from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_unit import LAUNCHER_SCRIPT
         self.launcher.write_text(LAUNCHER_SCRIPT)
         self.launcher.chmod(0o755)
 
     def launch(self, launch_id, drill="", api_key=None, **opts):
         """Start the stand-in by hand through the launcher (pid mode), as the unit would."""
         self.write_launcher()
-        from ansible_collections.kpro.gpu_serving.plugins.module_utils.sglang_unit import secret_config
+        from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_unit import secret_config
         options = self.options(**opts)
         env = dict(os.environ)
         env.pop("CUDA_VISIBLE_DEVICES", None)

@@ -8,7 +8,7 @@ import os
 import pytest
 from ansible.module_utils import basic
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvml
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import nvml
 from ansible_collections.kpro.gpu_serving.plugins.modules import gpu_facts
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins import fake_sysfs
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module

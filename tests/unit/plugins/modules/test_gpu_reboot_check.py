@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import nvidia_installer as ni
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import nvidia_installer as ni
 from ansible_collections.kpro.gpu_serving.plugins.modules import gpu_reboot_check as mod
 
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins import fake_sysfs

@@ -14,7 +14,7 @@ from unittest import mock
 import pytest
 from ansible.module_utils import basic
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf
 from ansible_collections.kpro.gpu_serving.plugins.modules import hf_model
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
 

@@ -14,7 +14,7 @@ import pytest
 from ansible.module_utils import basic
 
 from ansible_collections.kpro.gpu_serving.plugins.modules import lxc_gpu_passthrough as mod
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import lxc_config as lc
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import lxc_config as lc
 
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
 
@@ -216,7 +216,7 @@ class FakeCt(object):
         self.calls = []
 
     def install(self, monkeypatch):
-        from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+        from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
 
         class S(object):
             backend = "https"
@@ -314,7 +314,7 @@ def test_writer_pct_error_is_explained_and_file_untouched(env, monkeypatch):
 
 def test_credentials_checked_before_any_write(env, monkeypatch):
     """A wrong token secret fails on an authenticated read before pct writes devN (as [pve:pending])."""
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
     log = fake_pct(env, monkeypatch)
     monkeypatch.setattr(pa, "HAS_PROXMOXER", True)
 
@@ -332,7 +332,7 @@ def test_credentials_checked_before_any_write(env, monkeypatch):
 
 
 def test_missing_ca_file_is_named(env, monkeypatch):
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
     monkeypatch.setattr(pa, "HAS_PROXMOXER", True)
 
     def factory(*a, **k):
@@ -348,7 +348,7 @@ def test_missing_ca_file_is_named(env, monkeypatch):
 
 
 def running_ct(monkeypatch, pid=4242):
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
     calls = []
 
     class S(object):
@@ -437,7 +437,7 @@ def test_noop_run_reports_the_lock_and_goes_on(env, monkeypatch):
         fcntl.flock(f, fcntl.LOCK_EX)
         import subprocess
         import sys
-        code = ("import sys; sys.path[:0] = %r; from ansible_collections.kpro.gpu_serving.plugins.module_utils import "
+        code = ("import sys; sys.path[:0] = %r; from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import "
                 "lxc_config as lc; print(lc.config_lock_held(129, %r))" % (sys.path, str(env / "lock")))
         out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, universal_newlines=True, check=False).stdout
         assert out.strip() == "True"
@@ -467,7 +467,7 @@ def test_each_known_failure_names_its_phase(env, monkeypatch, phase):
     elif phase == "ct_config_refused":
         a = args(env, vmid=999)  # no such CT
     else:  # restart=true through the API: proxmoxer is missing, or the API refuses the credentials
-        from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+        from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
         monkeypatch.setattr(pa, "HAS_PROXMOXER", phase != "library_missing")
 
         def denied(*a, **k):
@@ -482,7 +482,7 @@ def test_each_known_failure_names_its_phase(env, monkeypatch, phase):
 def test_ca_content_is_put_at_ca_path_before_the_api_and_check_mode_uses_a_copy(env, monkeypatch):
     """The module writes the CA itself (the role's directory and copy tasks before): the API verifies against the
     written file; --check writes nothing and verifies against a temporary copy; a second run changes nothing."""
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import proxmox_api as pa
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
     seen = []
     monkeypatch.setattr(pa, "HAS_PROXMOXER", True)
 

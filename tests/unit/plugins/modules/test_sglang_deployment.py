@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import hf
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import model_revisions as mr
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.failure import Failure
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import deployment as dp
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import model_revisions as mr
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.modules import sglang_deployment
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
 

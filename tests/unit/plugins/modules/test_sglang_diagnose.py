@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import sglang_log
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_log
 from ansible_collections.kpro.gpu_serving.plugins.modules import sglang_diagnose
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
 

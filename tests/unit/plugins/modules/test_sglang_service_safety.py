@@ -138,7 +138,7 @@ def test_a_changed_venv_lock_restarts_the_server_once(serving):
 def test_deployment_check_refuses_a_rolled_back_deployment_before_the_server_is_touched(serving, tmp_path):
     """deployment_check: sglang_deployment state=checked's step inside the converge. A deployment recorded as failed and
     rolled back is refused with its diagnosis's phase, the server untouched; the serving one is reported as recorded."""
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import deployment as dp
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import deployment as dp
     lab, _res = serving
     state = str(tmp_path / "state")
     path = dp.record_path(state, "sglang.service")

@@ -20,7 +20,7 @@ import pytest
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common import warnings as ansible_warnings
 
-from ansible_collections.kpro.gpu_serving.plugins.module_utils import pci
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import pci
 from ansible_collections.kpro.gpu_serving.plugins.modules import vfio_release
 
 from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.utils import AnsibleExitJson, AnsibleFailJson, run_module
@@ -519,7 +519,7 @@ def test_phase_host_config_unreadable_when_the_pci_mappings_cannot_be_read(host)
 
 
 def test_phase_host_write_failed(host, monkeypatch):
-    from ansible_collections.kpro.gpu_serving.plugins.module_utils import pve_guests
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import pve_guests
 
     def refuse(path, data, preserve_mode=True):
         raise OSError(errno.EROFS, "Read-only file system", path)

@@ -381,7 +381,7 @@ def prepare(argv):
 
 
 # 0.5.11 server_args.py:2138-2296: the hybrid architectures whose mamba radix-cache rules run
-# (kept equal to plugins/module_utils/sglang_rules.py MAMBA_RADIX_ARCHS by tests/unit/lab/test_sglang_standin.py)
+# (kept equal to plugins/module_utils/serve/sglang_rules.py MAMBA_RADIX_ARCHS by tests/unit/lab/test_sglang_standin.py)
 MAMBA_RADIX_ARCHS = frozenset([
     "NemotronHForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
     "FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration", "Lfm2ForCausalLM",

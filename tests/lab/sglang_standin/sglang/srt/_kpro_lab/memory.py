@@ -12,7 +12,7 @@ MIB = float(1 << 20)
 
 # What one rank holds on its GPU before the weights load: CUDA context + torch init, and at TP > 1 the NCCL
 # communicators / custom all-reduce buffers. The total is the memory-fit plan's value
-# (plugins/module_utils/sglang_rules.py PRE_WEIGHTS_MIB; tests/unit/lab/test_sglang_standin.py checks they agree).
+# (plugins/module_utils/serve/sglang_rules.py PRE_WEIGHTS_MIB; tests/unit/lab/test_sglang_standin.py checks they agree).
 PRE_WEIGHTS_MIB = 800
 NCCL_INIT_MIB = 98          # the TP > 1 share of it
 CUDA_CONTEXT_MIB = PRE_WEIGHTS_MIB - NCCL_INIT_MIB
@@ -148,7 +148,7 @@ def pp_stages(num_layers, pp):
 
 def vision_params(facts):
     """About the ViT tower's parameters (attention 4h^2 + MLP 2h x intermediate per block, the patch merger), as the
-    memory plan counts them (plugins/module_utils/sglang_plan.py _vision_params)."""
+    memory plan counts them (plugins/module_utils/serve/sglang_plan.py _vision_params)."""
     v = facts.vision or {}
     h, inter = int(v.get("hidden_size") or 0), int(v.get("intermediate_size") or 0)
     depth = int(v.get("depth") or v.get("num_hidden_layers") or 0)
