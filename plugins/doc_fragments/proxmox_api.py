@@ -9,6 +9,20 @@ class ModuleDocFragment(object):
     """The PVE API connection options (module_utils/host/proxmox_api.py api_argument_spec), for every module that takes them."""
 
     DOCUMENTATION = r"""
+notes:
+  - >-
+    An API option not given falls back to the environment variable community.proxmox reads for it (E(PROXMOX_HOST),
+    E(PROXMOX_USER), E(PROXMOX_TOKEN_ID), E(PROXMOX_TOKEN_SECRET), ...), in the environment of the module, that is on
+    the host the task runs on (set it with the task's C(environment) keyword).
+  - >-
+    These modules form the action group C(kpro.gpu_serving.proxmox): C(module_defaults) with
+    C(group/kpro.gpu_serving.proxmox) sets the API options once for all of them.
+attributes:
+  action_group:
+    description: Use C(group/kpro.gpu_serving.proxmox) in C(module_defaults) to set the API options once.
+    support: full
+    membership:
+      - kpro.gpu_serving.proxmox
 options:
   api_backend:
     description: How to reach the PVE API. C(https) through proxmoxer; C(ssh_paramiko) and C(local) run C(pvesh) as root@pam on the node.
@@ -16,33 +30,48 @@ options:
     choices: [https, ssh_paramiko, local]
     default: https
   api_host:
-    description: The PVE node's address (C(https), C(ssh_paramiko)).
+    description:
+      - The PVE node's address (C(https), C(ssh_paramiko)).
+      - You can use the E(PROXMOX_HOST) environment variable.
     type: str
   api_port:
-    description: HTTPS port of pveproxy.
+    description:
+      - HTTPS port of pveproxy.
+      - You can use the E(PROXMOX_PORT) environment variable.
     type: int
     default: 8006
   api_user:
-    description: PVE user, for example C(root@pam).
+    description:
+      - PVE user, for example C(root@pam).
+      - You can use the E(PROXMOX_USER) environment variable.
     type: str
     default: root@pam
   api_token_id:
     description:
       - API token name (C(ansible)) or full ID (C(root@pam!ansible)). An API token cannot change C(devN) keys
         (PVE allows that to root@pam only); use it with C(writer=pct)/C(writer=file), or C(method=lxc_raw) in kpro.gpu_serving.lxc_gpu_passthrough.
+      - You can use the E(PROXMOX_TOKEN_ID) environment variable.
     type: str
   api_token_secret:
-    description: The API token's secret.
+    description:
+      - The API token's secret.
+      - You can use the E(PROXMOX_TOKEN_SECRET) environment variable.
     type: str
   api_password:
-    description: Password of O(api_user) (HTTPS ticket), or of O(ssh_user) for C(ssh_paramiko).
+    description:
+      - Password of O(api_user) (HTTPS ticket), or of O(ssh_user) for C(ssh_paramiko).
+      - You can use the E(PROXMOX_PASSWORD) environment variable.
     type: str
   validate_certs:
-    description: Verify the HTTPS certificate.
+    description:
+      - Verify the HTTPS certificate.
+      - You can use the E(PROXMOX_VALIDATE_CERTS) environment variable.
     type: bool
     default: true
   ca_path:
-    description: CA bundle to verify the node's certificate with (for example a copy of C(/etc/pve/pve-root-ca.pem)).
+    description:
+      - CA bundle to verify the node's certificate with (for example a copy of C(/etc/pve/pve-root-ca.pem)).
+      - You can use the E(PROXMOX_CA_PATH) environment variable.
     type: path
   ca_content:
     description:
@@ -52,7 +81,9 @@ options:
       - Requires O(ca_path).
     type: str
   api_timeout:
-    description: Timeout in seconds of each API request or C(pvesh) call (proxmoxer's own default, 5 s, is too short).
+    description:
+      - Timeout in seconds of each API request or C(pvesh) call (proxmoxer's own default, 5 s, is too short).
+      - You can use the E(PROXMOX_API_TIMEOUT) environment variable.
     type: int
     default: 30
   ssh_user:

@@ -49,45 +49,85 @@ options:
     type: list
     elements: str
     required: true
-  host:
-    description: The Proxmox VE node's address or name (its C(pveproxy)).
+  api_host:
+    description:
+      - The Proxmox VE node's address or name (its C(pveproxy)).
+      - You can use the E(PROXMOX_HOST) environment variable.
     type: str
     required: true
-  port:
-    description: The port of C(pveproxy).
+    aliases: [host]
+    env:
+      - name: PROXMOX_HOST
+  api_port:
+    description:
+      - The port of C(pveproxy).
+      - You can use the E(PROXMOX_PORT) environment variable.
     type: int
     default: 8006
-  token_user:
-    description: The user the API token belongs to, for example C(root@pam).
+    aliases: [port]
+    env:
+      - name: PROXMOX_PORT
+  api_user:
+    description:
+      - The user the API token belongs to, for example C(root@pam). Not read when O(api_token_id) is a full ID.
+      - You can use the E(PROXMOX_USER) environment variable.
+    type: str
+    default: root@pam
+    aliases: [token_user]
+    env:
+      - name: PROXMOX_USER
+  api_token_id:
+    description:
+      - The token's name (C(ansible)) or its full ID (C(root@pam!ansible)), as the modules' O(api_token_id).
+      - You can use the E(PROXMOX_TOKEN_ID) environment variable.
     type: str
     required: true
-  token_id:
-    description: The token's name (the part after C(!) in C(root@pam!ansible)).
+    aliases: [token_id]
+    env:
+      - name: PROXMOX_TOKEN_ID
+  api_token_secret:
+    description:
+      - The token's secret (a UUID). Never returned.
+      - You can use the E(PROXMOX_TOKEN_SECRET) environment variable.
     type: str
     required: true
-  token_secret:
-    description: The token's secret (a UUID). Never returned.
-    type: str
-    required: true
+    aliases: [token_secret]
+    env:
+      - name: PROXMOX_TOKEN_SECRET
   ca_path:
     description:
       - A PEM file with the CA that signed the node's certificate (the node's C(/etc/pve/pve-root-ca.pem)), on the
         controller. Only this CA is then trusted.
       - Unset or empty, the system's trust store is used. Pass an empty string when the inventory sets none, not the
         C(omit) placeholder; a lookup's argument cannot be omitted, Ansible refuses the placeholder as a value.
+      - You can use the E(PROXMOX_CA_PATH) environment variable.
     type: str
+    env:
+      - name: PROXMOX_CA_PATH
   validate_certs:
     description:
       - Whether the server's certificate is verified. Set V(false) only for a test node.
       - A value that is no boolean raises an error (Ansible's own option typing would read it as V(false)).
+      - You can use the E(PROXMOX_VALIDATE_CERTS) environment variable.
     type: bool
     default: true
-  timeout:
-    description: Seconds to wait for the connection and for each read before the request counts as failed (status -1).
+    env:
+      - name: PROXMOX_VALIDATE_CERTS
+  api_timeout:
+    description:
+      - Seconds to wait for the connection and for each read before the request counts as failed (status -1).
+      - You can use the E(PROXMOX_API_TIMEOUT) environment variable.
     type: float
     default: 10
+    aliases: [timeout]
+    env:
+      - name: PROXMOX_API_TIMEOUT
 notes:
   - Runs on the controller, whatever host the task is for.
+  - >-
+    The options have the names of the modules' API options (doc fragment kpro.gpu_serving.proxmox_api) and fall back
+    to the same E(PROXMOX_*) environment variables (of the controller here); the former names (C(host), C(port),
+    C(token_user), C(token_id), C(token_secret), C(timeout)) remain as aliases.
   - The result never holds the token secret, so registering or printing it does not show the secret.
 seealso:
   - module: ansible.builtin.uri
@@ -99,8 +139,8 @@ EXAMPLES = r"""
 - name: Read the Proxmox VE version through the API
   ansible.builtin.set_fact:
     pve_version: >-
-      {{ lookup('kpro.gpu_serving.pve_api', 'version', host=pve_api_host, token_user=pve_api_user,
-                token_id=pve_api_token_id, token_secret=pve_api_token_secret,
+      {{ lookup('kpro.gpu_serving.pve_api', 'version', api_host=pve_api_host, api_user=pve_api_user,
+                api_token_id=pve_api_token_id, api_token_secret=pve_api_token_secret,
                 ca_path=pve_api_ca_path | default(''), validate_certs=pve_api_validate_certs | default(true)) }}
   no_log: true
 
@@ -112,14 +152,18 @@ EXAMPLES = r"""
 - name: The token's own privileges on CT 129 (PVE answers any token about itself)
   ansible.builtin.set_fact:
     ct_privileges: >-
-      {{ lookup('kpro.gpu_serving.pve_api', 'access/permissions?path=/vms/129', host=pve_api_host,
-                token_user=pve_api_user, token_id=pve_api_token_id, token_secret=pve_api_token_secret) }}
+      {{ lookup('kpro.gpu_serving.pve_api', 'access/permissions?path=/vms/129', api_host=pve_api_host,
+                api_user=pve_api_user, api_token_id=pve_api_token_id, api_token_secret=pve_api_token_secret) }}
   no_log: true
 
 - name: Two paths in one call (one dictionary each)
   ansible.builtin.debug:
-    msg: "{{ query('kpro.gpu_serving.pve_api', 'version', 'nodes', host='pve1.example.com', token_user='root@pam',
-              token_id='ansible', token_secret=pve_api_token_secret) | map(attribute='status') }}"
+    msg: "{{ query('kpro.gpu_serving.pve_api', 'version', 'nodes', api_host='pve1.example.com',
+              api_token_id='root@pam!ansible', api_token_secret=pve_api_token_secret) | map(attribute='status') }}"
+
+- name: The same from the environment (PROXMOX_HOST, PROXMOX_TOKEN_ID, PROXMOX_TOKEN_SECRET set on the controller)
+  ansible.builtin.debug:
+    msg: "{{ lookup('kpro.gpu_serving.pve_api', 'version').status }}"
 """
 
 RETURN = r"""
@@ -168,9 +212,9 @@ from ansible.module_utils.urls import ConnectionError as UrlsConnectionError, op
 from ansible.plugins.lookup import LookupBase
 
 NAME = "kpro.gpu_serving.pve_api"
-REQUIRED = ("host", "token_user", "token_id", "token_secret")
-USAGE = ("lookup('%s', 'version', host=pve_api_host, token_user=pve_api_user, token_id=pve_api_token_id, "
-         "token_secret=pve_api_token_secret)" % NAME)
+REQUIRED = ("api_host", "api_user", "api_token_id", "api_token_secret")
+USAGE = ("lookup('%s', 'version', api_host=pve_api_host, api_user=pve_api_user, api_token_id=pve_api_token_id, "
+         "api_token_secret=pve_api_token_secret)" % NAME)
 # What a failed request raises: urllib's HTTPError/URLError, OSError (refused, reset, timeout, ssl.SSLError, an
 # unreadable CA), http.client's protocol errors, and the urls module's own ConnectionError.
 REQUEST_ERRORS = (urllib.error.URLError, OSError, http.client.HTTPException, UrlsConnectionError)
@@ -242,31 +286,33 @@ class LookupModule(LookupBase):
 
     def run(self, terms, variables=None, **kwargs):
         opts = self._read_options(variables, kwargs)
-        root = base_url(opts["host"], opts["port"])
-        secret = opts["token_secret"]
-        headers = {"Authorization": "PVEAPIToken=%s!%s=%s" % (opts["token_user"], opts["token_id"], secret)}
+        root = base_url(opts["api_host"], opts["api_port"])
+        secret = opts["api_token_secret"]
+        # a full token ID (root@pam!ansible) names its user, as the modules' api_token_id does
+        user, _sep, token = opts["api_token_id"].rpartition("!")
+        headers = {"Authorization": "PVEAPIToken=%s!%s=%s" % (user or opts["api_user"], token, secret)}
         out = []
         for url in [root + api_path(t) for t in terms]:  # every term checked before the first request
-            status, msg, body = get(url, headers, opts["ca_path"], opts["validate_certs"], opts["timeout"])
+            status, msg, body = get(url, headers, opts["ca_path"], opts["validate_certs"], opts["api_timeout"])
             out.append(redact(dict(status=status, msg=msg, json=parse_json(body), url=url), secret))
         return out
 
     def _read_options(self, variables, kwargs):
         """The options as plain values; a missing, empty, unknown or invalid one raises with the fix."""
-        unknown = sorted(set(kwargs) - set(self.option_definitions))
+        known = set(self.option_definitions) - {"_terms"}
+        unknown = sorted(set(kwargs) - known - {a for k in known for a in self.option_definitions[k].get("aliases", [])})
         if unknown:
-            raise _option_error("unknown option(s) %s (known: %s)" % (
-                ", ".join(unknown), ", ".join(sorted(k for k in self.option_definitions if k != "_terms"))))
+            raise _option_error("unknown option(s) %s (known: %s)" % (", ".join(unknown), ", ".join(sorted(known))))
         try:
             # strict: Ansible's option typing reads any unknown word as false, and a typo must not turn verification off
-            boolean(kwargs.get("validate_certs", True), strict=True)
+            boolean(kwargs.get("validate_certs", os.environ.get("PROXMOX_VALIDATE_CERTS", True)), strict=True)
         except TypeError as e:
             raise _option_error("validate_certs: %s" % e) from None
         try:
             self.set_options(var_options=variables, direct=kwargs)
         except AnsibleOptionsError as e:
             raise _option_error(str(e)) from None  # str(e) already holds the cause's words
-        opts = {k: self.get_option(k) for k in REQUIRED + ("port", "ca_path", "validate_certs", "timeout")}
+        opts = {k: self.get_option(k) for k in REQUIRED + ("api_port", "ca_path", "validate_certs", "api_timeout")}
         empty = [k for k in REQUIRED if not str(opts[k] or "").strip()]
         if empty:
             raise _option_error("%s must not be empty" % ", ".join(empty))

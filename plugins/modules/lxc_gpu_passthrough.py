@@ -205,6 +205,20 @@ EXAMPLES = r"""
     api_token_secret: "{{ vault_pve_token }}"
     ca_path: /etc/pve/pve-root-ca.pem
 
+- name: The API options once for every module of the group (or from PROXMOX_HOST, PROXMOX_TOKEN_ID, ... instead)
+  module_defaults:
+    group/kpro.gpu_serving.proxmox:
+      api_host: kpro5.example
+      api_user: root@pam
+      api_token_id: ansible
+      api_token_secret: "{{ vault_pve_token }}"
+      ca_path: /etc/pve/pve-root-ca.pem
+  block:
+    - name: Pass both GPUs to CT 129, restarting it through the API when something changed
+      kpro.gpu_serving.lxc_gpu_passthrough:
+        vmid: 129
+        restart: true
+
 - name: Raw lxc lines with this host's dynamic majors
   kpro.gpu_serving.lxc_gpu_passthrough:
     vmid: 129

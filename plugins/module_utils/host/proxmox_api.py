@@ -57,20 +57,30 @@ DEVN_TOKEN_REFUSED = (
     "Use backend=ssh_paramiko/local, a root@pam password (api_password), or method=lxc_raw")
 
 
+def _env(name):
+    # imported here: the compatibility scenarios load this file under a target's bare Python, without ansible
+    from ansible.module_utils.common.parameters import env_fallback  # pylint: disable=import-outside-toplevel
+    return (env_fallback, [name])
+
+
 def api_argument_spec():
-    """Connection options shared by modules that talk to PVE."""
+    """Connection options shared by modules that talk to PVE.
+
+    An option not given falls back to the environment variable community.proxmox reads for it (its
+    plugins/module_utils/proxmox.py, proxmox_auth_argument_spec: api_host PROXMOX_HOST, api_user PROXMOX_USER,
+    api_token_id PROXMOX_TOKEN_ID, api_token_secret PROXMOX_TOKEN_SECRET, ...), so one environment serves both."""
     return dict(
         api_backend=dict(type="str", default="https", choices=["https", "ssh_paramiko", "local"]),
-        api_host=dict(type="str"),
-        api_port=dict(type="int", default=8006),
-        api_user=dict(type="str", default="root@pam"),
-        api_token_id=dict(type="str"),
-        api_token_secret=dict(type="str", no_log=True),
-        api_password=dict(type="str", no_log=True),
-        validate_certs=dict(type="bool", default=True),
-        ca_path=dict(type="path"),
+        api_host=dict(type="str", fallback=_env("PROXMOX_HOST")),
+        api_port=dict(type="int", default=8006, fallback=_env("PROXMOX_PORT")),
+        api_user=dict(type="str", default="root@pam", fallback=_env("PROXMOX_USER")),
+        api_token_id=dict(type="str", no_log=False, fallback=_env("PROXMOX_TOKEN_ID")),
+        api_token_secret=dict(type="str", no_log=True, fallback=_env("PROXMOX_TOKEN_SECRET")),
+        api_password=dict(type="str", no_log=True, fallback=_env("PROXMOX_PASSWORD")),
+        validate_certs=dict(type="bool", default=True, fallback=_env("PROXMOX_VALIDATE_CERTS")),
+        ca_path=dict(type="path", fallback=_env("PROXMOX_CA_PATH")),
         ca_content=dict(type="str"),
-        api_timeout=dict(type="int", default=30),
+        api_timeout=dict(type="int", default=30, fallback=_env("PROXMOX_API_TIMEOUT")),
         ssh_user=dict(type="str", default="root"),
         ssh_port=dict(type="int", default=22),
         ssh_private_key_file=dict(type="path"),

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The multi-node agreement check reads the options each node runs with (issue 29), resolved by Ansible itself.
 
-The playbook's own plan play (read from playbooks/migrate-kpro6-to-kpro5.yml) runs over local hosts: two containers of
+The playbook's own plan play (read from playbooks/deploy.yml) runs over local hosts: two containers of
 one multi-node server whose TP sizes differ only through roles/shared's sglang_install_tp, the recommended way (the
 serve stage's tp_size follows it), are refused before anything changes; the same TP on both passes. No host is
 contacted (every host is ansible_connection local, and the plan play only sets facts).
@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-PLAYBOOK = os.path.join(TOP, "playbooks", "migrate-kpro6-to-kpro5.yml")
+PLAYBOOK = os.path.join(TOP, "playbooks", "deploy.yml")  # the migration imports it
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 
 pytestmark = pytest.mark.skipif(not os.access(ANSIBLE_PLAYBOOK, os.X_OK), reason="needs the checkout's .venv (ansible-playbook)")

@@ -11,7 +11,7 @@ import os
 import yaml
 
 TOP = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-PLAYBOOK = os.path.join(TOP, "playbooks", "migrate-kpro6-to-kpro5.yml")
+PLAYBOOK = os.path.join(TOP, "playbooks", "deploy.yml")  # the migration imports it
 
 
 def _roles_and_tags():
