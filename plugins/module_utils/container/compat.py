@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.container.sglang_releases import NEWEST, not_in_table
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container.sglang_releases import NEWEST, REGENERATE, VERSIONS, not_in_table
 
 DENSE_QWEN35 = ["Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"]
 
@@ -311,6 +311,29 @@ def check(version, architecture, tp, overrides=None, rules=None, config=None, st
             "remedy": remedy}
 
 
+def _newest_post(version, ok):
+    """The last post release of ``version``'s release in the table that ``ok`` accepts (0.5.13 -> 0.5.13.post1)."""
+    same = [v for v in VERSIONS if parse_version(v)["release"] == parse_version(version)["release"] and ok(v)]
+    return same[-1] if same else version
+
+
+def newer_fixes(version, architecture, tp, matched, overrides=None, config=None):
+    """Recommend, do not guess: for each rule that warns or refuses (``matched``: check()'s rules), the first release of
+    the release table after ``version``, outside the rule's range, for which the table knows no problem at this
+    architecture and TP. One line each: 'SGLang X fixes <rule id> (<PR>); consider sglang_install_version: X ...'."""
+    def ok(v):
+        return check(v, architecture, tp, overrides=overrides, config=config, start_failures=True)["action"] == "ok"
+    out = []
+    for rule in [r for r in matched if r.get("action") in ("warn", "refuse")]:
+        fixed = [v for v in VERSIONS if compare(v, version) > 0 and not version_matches(v, rule.get("sglang", ""), True) and ok(v)]
+        if fixed:
+            pick = _newest_post(fixed[0], ok)
+            out.append("SGLang %s fixes %s (%s); consider sglang_install_version: %s (a lock: %s %s <Python X.Y>, one per "
+                       "container Python; docs/sglang-releases.md)" % (fixed[0], rule["id"], rule.get("pr") or "no PR", pick,
+                                                                       REGENERATE, pick))
+    return out
+
+
 def verdict(version, architecture, tp, overrides=None, model_config=None, warn=None):
     """check() on the options of kpro.gpu_serving.sglang_compat (the module, and the filter of the same name that the
     roles use: the table and the inputs are the controller's). A refusal or an invalid input is raised as Failure;
@@ -337,11 +360,14 @@ def verdict(version, architecture, tp, overrides=None, model_config=None, warn=N
     # a release after the table's newest: "no known problem" would claim what nobody has checked
     if compare(version, NEWEST) > 0:
         warn(not_in_table(version))
+    if result["action"] == "warn":
+        # the remedy too: a warning is all a normal run shows of a rule that warns (the filter's Display().warning)
+        warn(result["message"] + (" Remedy: %s" % result["remedy"] if result["remedy"] else ""))
+    # after the rule's own words: which release of the table fixes it (the preflight's and stage 5's one verdict)
+    for line in newer_fixes(version, architecture, tp, result["rules"], overrides, model_config):
+        warn(line)
     if result["action"] == "refuse":
         raise Failure("known_bad_version", result["message"], remedy=result["remedy"],
                       evidence=["rule %s (%s)" % (r["id"], r.get("pr") or "no PR") for r in rules if r.get("action") == "refuse"],
                       **dict((k, v) for k, v in out.items() if k not in ("phase", "remedy")))
-    if result["action"] == "warn":
-        # the remedy too: a warning is all a normal run shows of a rule that warns (the filter's Display().warning)
-        warn(result["message"] + (" Remedy: %s" % result["remedy"] if result["remedy"] else ""))
     return out

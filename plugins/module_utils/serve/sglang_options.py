@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container.compat import InvalidVersion, compare
+
 SIZED, GPUS, NONE, UNMODELLED, REFUSED = "sized", "gpus", "none", "unmodelled", "refused"
 Option = namedtuple("Option", "name type memory why default example low high strict choices what")
 
@@ -117,10 +119,42 @@ ROWS = dict((o.name, o) for o in OPTIONS)
 FLAG_ORDER = tuple(o.name for o in _ORDERED)
 NOT_FLAGS = frozenset(["extra"])
 
+_LAZY = _STRATEGIES + ("extra_buffer_lazy",)
+# Where a release's flag or choices differ from 0.5.11's: the option keeps its one name here, the flag rendered (and
+# checked) is the installed release's. (first release, its flag, its choices (None: the row's), where in its wheel under
+# sglang/srt/). A bool option whose new flag takes a value carries it ("--x=value"). 0.5.14 made the old flags
+# deprecated aliases (server_args.py:6349-6395); 0.5.20 removed them ("unrecognized arguments").
+RENAMED = {
+    "mamba_scheduler_strategy": (
+        ("0.5.13", "--mamba-scheduler-strategy", _LAZY, "server_args.py:297-302"),
+        ("0.5.14", "--mamba-radix-cache-strategy", _LAZY, "server_args.py:1731-1737 (0.5.23: arg_groups/fields/exec_.py:512-519)")),
+    "cuda_graph_max_bs": (
+        ("0.5.14", "--cuda-graph-max-bs-decode", None, "server_args.py:1939-1942 (0.5.23: arg_groups/fields/exec_.py:629-631)"),),
+    "disable_piecewise_cuda_graph": (
+        ("0.5.14", "--cuda-graph-backend-prefill=disabled", None, "server_args.py:6388-6395 (0.5.23: arg_groups/fields/exec_.py:621-628)"),),
+}
 
-def flag(name):
-    """The command-line flag of an option (``tp_size`` -> ``--tp-size``)."""
-    return "--" + name.replace("_", "-")
+
+def _since(version, first):
+    """Whether ``version`` is ``first`` or later; no version, or one that is not PEP 440, is taken as 0.5.11."""
+    try:
+        return bool(version) and compare(version, first) >= 0
+    except InvalidVersion:
+        return False
+
+
+def spelling(name, version=None):
+    """(flag, choices) of an option in this SGLang release (None: 0.5.11, the collection's pin)."""
+    out = ("--" + name.replace("_", "-"), ROWS[name].choices if name in ROWS else None)
+    for first, spelled, choices, _where in RENAMED.get(name, ()):
+        if _since(version, first):
+            out = (spelled, choices or out[1])
+    return out
+
+
+def flag(name, version=None):
+    """The command-line flag of an option in this SGLang release (``tp_size`` -> ``--tp-size``; None: 0.5.11's)."""
+    return spelling(name, version)[0]
 
 
 def names(*memory):
@@ -156,28 +190,32 @@ def _number_problem(o, value):
     return None
 
 
-def _problem(o, value):
+def _problem(o, value, version=None):
+    spelled, choices = spelling(o.name, version)
+    o = o._replace(choices=choices)
     if o.type in ("int", "float"):
         return "%s=%r is not a number; give %s" % (o.name, value, _give(o)) if isinstance(value, bool) else _number_problem(o, value)
     if o.type == "bool":
-        return None if isinstance(value, bool) else "%s=%r is not true or false; true gives the bare flag %s" % (o.name, value, flag(o.name))
+        return None if isinstance(value, bool) else "%s=%r is not true or false; true gives the flag %s" % (o.name, value, spelled)
     if o.type == "list":
         return None if isinstance(value, (list, tuple)) else "%s=%r is not a list" % (o.name, value)
     if isinstance(value, (bool, list, tuple, dict)):
         return "%s=%r is not a single value; give %s" % (o.name, value, _give(o))
     if o.choices and str(value) not in o.choices:
-        return "%s=%r is not one of SGLang 0.5.11's choices: %s" % (o.name, value, ", ".join(o.choices))
+        renamed = " (its flag %s)" % spelled if spelled != "--" + o.name.replace("_", "-") else ""
+        return "%s=%r is not one of SGLang %s's choices%s: %s" % (o.name, value, version or "0.5.11", renamed, ", ".join(o.choices))
     return None
 
 
-def problems(options):
-    """[(key, message)] for each option with a row whose value SGLang would refuse or misread: its type, range or
-    choices (checked before the running server is touched). null and false leave an option out: never a problem."""
+def problems(options, version=None):
+    """[(key, message)] for each option with a row whose value SGLang ``version`` (None: 0.5.11) would refuse or
+    misread: its type, range or choices (checked before the running server is touched). null and false leave an option
+    out: never a problem."""
     out = []
     for key in sorted(options or {}):
         value = options[key]
         if key in ROWS and value is not None and value is not False and ROWS[key].memory != REFUSED:
-            msg = _problem(ROWS[key], value)
+            msg = _problem(ROWS[key], value, version)
             if msg:
                 out.append((key, msg))
     return out

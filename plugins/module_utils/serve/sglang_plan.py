@@ -420,7 +420,8 @@ def _per_gpu(b):
     }
 
 
-def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None, gpu_free_mib=None, environment=None):
+def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None, gpu_free_mib=None, environment=None,
+         sglang_version=None):
     """Plan whether a launch fits, per GPU, with SGLang 0.5.11's rules and formula.
 
     config: config.json (dict or path); index: model.safetensors.index.json (dict, path, or total bytes);
@@ -430,7 +431,8 @@ def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None,
     gpu_total_mib: per-GPU total memory (int or list; the smallest is used, as SGLang min-reduces over ranks);
     gpu_baseline_mib: per-GPU memory already used before the launch (subtracted);
     gpu_free_mib: measured free memory per GPU instead of total - baseline;
-    environment: the server's environment (SGLANG_MAMBA_SSM_DTYPE, SGLANG_MAMBA_CONV_DTYPE, SGLANG_ENABLE_SPEC_V2).
+    environment: the server's environment (SGLANG_MAMBA_SSM_DTYPE, SGLANG_MAMBA_CONV_DTYPE, SGLANG_ENABLE_SPEC_V2);
+    sglang_version: the installed SGLang, whose flags the remedies name (sglang_options.flag; None: 0.5.11's).
 
     Returns dict(fits, phase (None when it fits; else the diagnosis phase the launch would end in), per_gpu{total_mib,
     free_mib, static_pool_mib, reserve_mib, weights_mib, mtp_weights_mib, available_mib, rest_mib, mamba_state_mib,
@@ -448,7 +450,7 @@ def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None,
         gpu_mem = min(_as_list(gpu_total_mib)) if gpu_total_mib is not None else None
         o["mem_fraction_static"] = rules.default_mem_fraction_static(gpu_mem, o, geo) if gpu_mem else 0.88
         o["_notes"].append("mem_fraction_static not given: SGLang's default for this card is %.3f" % o["mem_fraction_static"])
-    refusal = rules.startup_refusal(geo, o, environment)
+    refusal = rules.startup_refusal(geo, o, environment, sglang_version)
     sized = o
     if refusal:
         # size the launch as it would run with the first remedy, so the operator sees whether that fits

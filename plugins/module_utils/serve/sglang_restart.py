@@ -74,17 +74,17 @@ def options_refusal(options, api_key):
     return None
 
 
-def setting_problems(options, flags, gpu_count, port_busy, found=()):
+def setting_problems(options, flags, gpu_count, port_busy, found=(), version=None):
     """Every problem of the settings that needs no change to find: (problems, phase).
 
     ``flags``: the installed SGLang's flags (None: not checked); ``gpu_count``: GPUs NVML sees;
     ``port_busy(port)``: whether another process listens on the port; ``found``: the container's own checks'
-    problems (sglang_prestop), reported with these. The phase is ``port_in_use`` when that is the only problem, else
-    ``not_started``."""
+    problems (sglang_prestop), reported with these; ``version``: the installed SGLang's (its flags and choices). The
+    phase is ``port_in_use`` when that is the only problem, else ``not_started``."""
     problems = []
-    for key, flag, close in su.unknown_options(options, flags) if flags else []:
+    for key, flag, close in su.unknown_options(options, flags, version) if flags else []:
         problems.append("option %s: the installed SGLang has no %s%s" % (key, flag, (" (did you mean %s?)" % ", ".join(close)) if close else ""))
-    ranges = su.range_problems(options)
+    ranges = su.range_problems(options, version)
     problems += ["option %s" % msg for _key, msg in ranges]
     need = su.gpus_needed(options)
     if need > gpu_count:

@@ -9,6 +9,8 @@ where 0.5.9 differed. Standard library only; runs on the target's Python 3.9+.
 
 from __future__ import annotations
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_options import flag
+
 # The memory one SGLang rank uses before its weights load (CUDA context + torch init + NCCL and the custom
 # all-reduce buffers), per GPU, counted from NVML's memory.total: free before weights = total - baseline - this.
 # The lab's SGLang stand-in allocates the same amount (tests/lab/sglang_standin/.../memory.py PRE_WEIGHTS_MIB;
@@ -73,28 +75,29 @@ def is_mamba_radix_model(geo):
     return arch in MAMBA_RADIX_ARCHS
 
 
-def startup_refusal(geo, o, environment=None):
+def startup_refusal(geo, o, environment=None, version=None):
     """The ValueError SGLang 0.5.11 raises while parsing its arguments for this configuration, or None.
 
     _handle_mamba_radix_cache (server_args.py:2366-2456): for a hybrid model, extra_buffer with
     --disable-radix-cache is refused (2395-2401); with no_buffer (the default, "auto" -> no_buffer at 1079-1082) and
     the radix cache on, any --speculative-algorithm is refused on CUDA (2440-2456; ROCm disables the radix cache
-    instead, 2443-2450). Returns dict(error, flags: [(flag, value, effect)]).
+    instead, 2443-2450). Returns dict(error, flags: [(flag, value, effect)]), the flags SGLang ``version``'s.
     """
     if not is_mamba_radix_model(geo):
         return None
     strategy = str(o.get("mamba_scheduler_strategy") or "auto")
+    strategy_flag = flag("mamba_scheduler_strategy", version)
     radix_off = bool(o.get("disable_radix_cache"))
     if strategy == "extra_buffer":
         if radix_off:
             return {"error": EXTRA_BUFFER_ERROR,
-                    "flags": [("--mamba-scheduler-strategy", "no_buffer", "keeps --disable-radix-cache")]}
+                    "flags": [(strategy_flag, "no_buffer", "keeps --disable-radix-cache")]}
         return None
     if radix_off or not o.get("_spec_given"):
         return None
     return {"error": SPEC_RADIX_ERROR % geo.get("architecture"),
             "flags": [("--disable-radix-cache", True, "speculative decoding without prefix caching (SGLang 0.5.9 did this by itself)"),
-                      ("--mamba-scheduler-strategy", "extra_buffer",
+                      (strategy_flag, "extra_buffer",
                        "keeps the radix cache; with SGLANG_ENABLE_SPEC_V2=1 in the server's environment")]}
 
 

@@ -64,9 +64,9 @@ def unplanned_warnings(options):
     return out + ["the memory plan does not model option %s: %s" % (k, sglang_options.ROWS[k].why) for k in unmodelled]
 
 
-def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=None, warn=None, environment=None):
-    """The SGLang options -> the memory plan of this launch (sglang_plan.plan over the GPUs it will use), or None
-    (with a warning) when the model's files are not there or the plan cannot be made."""
+def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=None, warn=None, environment=None, version=None):
+    """The SGLang options -> the memory plan of this launch (sglang_plan.plan over the GPUs it will use; its remedies name
+    SGLang ``version``'s flags), or None (with a warning) when the model's files are not there or the plan cannot be made."""
     warn = warn or (lambda msg: None)
     if not model_dir or not os.path.isdir(model_dir):
         warn("memory plan skipped: model directory %r not found (set model_dir)" % model_dir)
@@ -82,7 +82,8 @@ def plan_launch(options, model_dir, gpu_total_mib, baseline_mib=None, overrides=
     popts.update(overrides or {})
     try:
         res = memory_plan(load_json(cfg_path), model_weights_index(model_dir), popts, gpu_total_mib=[gpu_total_mib[i] for i in sel],
-                          gpu_baseline_mib=[baseline_mib[i] for i in sel] if baseline_mib else None, environment=environment)
+                          gpu_baseline_mib=[baseline_mib[i] for i in sel] if baseline_mib else None, environment=environment,
+                          sglang_version=version)
     except (ValueError, KeyError, TypeError) as e:
         warn("memory plan failed: %s" % e)
         return None
@@ -192,8 +193,14 @@ class Server(object):
         env.update(self.p.get("environment") or {})
         return env
 
+    def installed_version(self):
+        """The venv's SGLang (its dist-info), else the gate's sglang_version (look), else None (0.5.11's flags)."""
+        found = dp.venv_identity(self.rooted(self.p["venv"]))["sglang_version"]
+        return found or (self.p.get("look") or {}).get("sglang_version") or None
+
     def render(self):
         p = self.p
+        self.version = self.installed_version()     # the flags rendered and checked are this release's
         refusal = sr.probe_regex_refusal(p["probe_regex"]) or sr.options_refusal(self.opts, p["api_key"])
         if refusal:
             raise refusal
@@ -204,7 +211,7 @@ class Server(object):
                 self.unit, p["venv"], self.opts, env_file=self.env_file, launcher=p["launcher"], log_dir=p["log_dir"],
                 environment=self.environment(), timeout_stop_sec=p["timeout_stop_sec"], user=p["user"], python=p["python"],
                 limit_nofile=self.limit_nofile(), secret_file=self.secret_path if self.secret_text else None,
-                restart=dict((k, p[k]) for k in su.RESTART_DEFAULTS))
+                restart=dict((k, p[k]) for k in su.RESTART_DEFAULTS), sglang_version=self.version)
             self.env_text = su.render_env({})
         except su.OptionError as e:
             raise Failure("not_started", str(e), remedy=sr.REMEDY_OPTION)
@@ -217,7 +224,7 @@ class Server(object):
         """(the installed SGLang's flags, its parser's refusal of this launch's arguments or None), one round trip; the
         flags are None (a warning) when the venv's Python cannot list them."""
         py = self.p["python"] or os.path.join(self.p["venv"], "bin", "python")
-        rc, out, err = self.run([py, "-c", su.FLAGS_PROBE] + su.render_flags(self.opts))
+        rc, out, err = self.run([py, "-c", su.FLAGS_PROBE] + su.render_flags(self.opts, self.version))
         try:
             return json.loads(out.strip().splitlines()[0]), su.parse_error(rc, err)
         except (ValueError, IndexError):
@@ -249,7 +256,7 @@ class Server(object):
         """All problems in one failure, before the old server is stopped; then the foreign GPU holders."""
         flags, parse_error = self.known_flags()
         problems, phase = sr.setting_problems(self.opts, flags, len(facts["gpus"]), lambda port: self.port_busy(port, ours),
-                                              self.prestop_problems(parse_error))
+                                              self.prestop_problems(parse_error), self.version)
         refusal = sr.settings_refusal(problems, phase)
         if refusal:
             raise refusal
@@ -262,7 +269,7 @@ class Server(object):
         if not self.p["plan"]:
             return None
         res = plan_launch(self.opts, self.p["model_dir"] or self.opts.get("model_path"), [g.get("memory_total_mib") for g in facts["gpus"]],
-                          baseline, self.p["plan_overrides"], self.m.warn, self.p["environment"])
+                          baseline, self.p["plan_overrides"], self.m.warn, self.p["environment"], self.version)
         if res is not None:
             self.result["plan"] = res
             refusal = sr.plan_refusal(res)

@@ -97,8 +97,8 @@ class OptionError(ValueError):
     """An options dict that cannot be rendered (the message names the key)."""
 
 
-def _flag(name):
-    return "--" + name.replace("_", "-")
+def _flag(name, version=None):
+    return sglang_options.flag(name, version)
 
 
 def _value_words(name, value):
@@ -125,8 +125,9 @@ def _ordered_names(options):
     return names
 
 
-def render_flags(options):
-    """One dict of SGLang options -> the argv after ``-m sglang.launch_server``.
+def render_flags(options, version=None):
+    """One dict of SGLang options -> the argv after ``-m sglang.launch_server`` of SGLang ``version`` (None: 0.5.11;
+    an option whose flag a release renamed gets that release's flag, sglang_options.RENAMED).
 
     Keys are SGLang option names with underscores. ``None`` and ``False`` are omitted,
     ``True`` is a bare flag, a list gives one flag followed by its values (``nargs='+'``),
@@ -145,12 +146,12 @@ def render_flags(options):
         if name == "api_key":
             raise OptionError("option api_key: the key goes to the server through --config <secret file> (secret_config)")
         if value is True:
-            argv.append(_flag(name))
+            argv.append(_flag(name, version))
             continue
         words = _value_words(name, value)
         if not words:
             continue
-        argv += [_flag(name)] + [_no_control("option %s" % name, w) for w in words]
+        argv += [_flag(name, version)] + [_no_control("option %s" % name, w) for w in words]
     extra = options.get("extra")
     if extra:
         if isinstance(extra, str):
@@ -235,10 +236,11 @@ def environment_assignment(name, value):
     return '"%s"' % text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def exec_start(venv, options, name, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, python=None, secret_file=None):
-    """The ExecStart argv (words) and its systemd-quoted line (``--config <secret_file>`` carries the API key)."""
+def exec_start(venv, options, name, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, python=None, secret_file=None, sglang_version=None):
+    """The ExecStart argv (words) and its systemd-quoted line (``--config <secret_file>`` carries the API key); the flags
+    are the installed ``sglang_version``'s."""
     py = python or ("%s/bin/python" % venv.rstrip("/"))
-    words = [launcher, log_dir, name, py, "-m", "sglang.launch_server"] + render_flags(options)
+    words = [launcher, log_dir, name, py, "-m", "sglang.launch_server"] + render_flags(options, sglang_version)
     if secret_file:
         words += ["--config", secret_file]
     for w in words:
@@ -260,13 +262,14 @@ def render_unit(unit, venv, options, **kw):
 
 def render_service(unit, venv, options, env_file=None, launcher=LAUNCHER_PATH, log_dir=LOG_DIR, environment=None,
                    timeout_stop_sec=120, user=None, group=None, working_directory=None, description=None, after=None,
-                   python=None, limit_nofile=65536, secret_file=None, restart=None):
+                   python=None, limit_nofile=65536, secret_file=None, restart=None, sglang_version=None):
     """(unit file text, its ExecStart line): the one place ExecStart is built (:func:`exec_start`).
 
     Deterministic for the same arguments. ``restart``: dict of :data:`RESTART_DEFAULTS` keys."""
     stem = unit_stem(unit)
     rs = dict(RESTART_DEFAULTS, **(restart or {}))
-    line = exec_start(venv, options, stem, launcher=launcher, log_dir=log_dir, python=python, secret_file=secret_file)[1]
+    line = exec_start(venv, options, stem, launcher=launcher, log_dir=log_dir, python=python, secret_file=secret_file,
+                      sglang_version=sglang_version)[1]
     model = (options or {}).get("served_model_name") or (options or {}).get("model_path") or "model"
     out = [
         "# Managed by kpro.gpu_serving (sglang_service); changes here are overwritten.",
@@ -521,26 +524,26 @@ def parse_error(rc, err):
     return (found or lines or ["exit status %s" % rc])[-1][:500]
 
 
-def unknown_options(options, flags):
-    """Option keys whose flag the installed SGLang does not have: [(key, flag, close matches)]."""
+def unknown_options(options, flags, version=None):
+    """Option keys whose flag (SGLang ``version``'s) the installed SGLang does not have: [(key, flag, close matches)]."""
     import difflib
     known = set(flags)
     out = []
     for key in sorted(options or {}):
         if key in NOT_FLAGS or (options[key] is None or options[key] is False):
             continue
-        flag = _flag(key)
+        flag = _flag(key, version).split("=")[0]
         if flag not in known:
             close = difflib.get_close_matches(flag, sorted(known), n=3, cutoff=0.75)
             out.append((key, flag, [c[2:].replace("-", "_") for c in close]))
     return out
 
 
-def range_problems(options):
-    """[(key, message)] for values SGLang would refuse or misread (the option table's types, ranges and choices, the
-    multi-node rules), checked before the old server stops."""
+def range_problems(options, version=None):
+    """[(key, message)] for values SGLang ``version`` would refuse or misread (the option table's types, ranges and
+    choices, the multi-node rules), checked before the old server stops."""
     o = options or {}
-    out = sglang_options.problems(o)
+    out = sglang_options.problems(o, version)
     if not out and float(o.get("pp_size") or 1) > 1 and o.get("speculative_algorithm"):
         # server_args.py:6786-6789 (check_server_args), an AssertionError before any GPU is touched
         msg = ("pp_size=%s with speculative_algorithm=%s: SGLang refuses it (\"Pipeline parallelism is not compatible with "

@@ -130,7 +130,9 @@ def test_verdict_warns_with_the_remedy_and_asks_for_start_failures():
     warned = []
     out = c.verdict("0.5.11", DENSE, 2, {}, QWEN36_27B, warn=warned.append)
     assert out["action"] == "warn" and out["prs"] == ["#26444"] and [r["id"] for r in out["rules"]] == [JIT]
-    assert len(warned) == 1 and warned[0].startswith(out["message"]) and warned[0].endswith("Remedy: " + out["remedy"])
+    # then the release that fixes it (test_compat_fixes.py)
+    assert len(warned) == 2 and warned[0].startswith(out["message"]) and warned[0].endswith("Remedy: " + out["remedy"])
+    assert warned[1].startswith("SGLang 0.5.13 fixes %s (#26444)" % JIT)
     warned = []
     out = c.verdict("0.5.11", DENSE, 2, {JIT: "ignore"}, warn=warned.append)
     assert out["action"] == "ok" and warned == []

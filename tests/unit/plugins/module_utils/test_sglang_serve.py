@@ -62,7 +62,7 @@ def test_plan_launch_keeps_sglang_names_and_uses_the_gpus_of_the_launch(model, m
     options, kw = seen[0]
     assert options["tp_size"] == 2 and options["context_length"] == 65536 and options["context_overhead_mib"] == 1000
     assert "model_path" not in options and "port" not in options
-    assert kw == {"gpu_total_mib": [49140, 24000], "gpu_baseline_mib": [400, 500], "environment": None}
+    assert kw == {"gpu_total_mib": [49140, 24000], "gpu_baseline_mib": [400, 500], "environment": None, "sglang_version": None}
     assert "tp" not in options  # no rename on the way: the plan reads tp_size itself
     assert res["context_length"] == 65536 and "model" not in res
 

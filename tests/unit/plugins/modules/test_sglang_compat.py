@@ -68,7 +68,8 @@ def test_jit_activation_versions_warn_with_the_remedy(version):
     res = ok({"version": version, "architecture": "LlamaForCausalLM", "tp": 1})
     assert res["action"] == "warn" and res["phase"] is None and res["prs"] == ["#26444"] and res["changed"] is False
     assert [r["id"] for r in res["rules"]] == ["sglang-jit-activation-nvcc"]
-    assert len(res["warnings"]) == 1 and "#25487" in res["warnings"][0] and "Remedy: Pin sglang >= 0.5.13" in res["warnings"][0]
+    assert len(res["warnings"]) == 2 and "#25487" in res["warnings"][0] and "Remedy: Pin sglang >= 0.5.13" in res["warnings"][0]
+    assert res["warnings"][1].startswith("SGLang 0.5.13 fixes sglang-jit-activation-nvcc (#26444); consider sglang_install_version: 0.5.13.post1")
     res = ok({"version": version, "architecture": ARCH, "tp": 2, "overrides": {"sglang-jit-activation-nvcc": "ignore"}})
     assert res["action"] == "ok" and res["warnings"] == [] and "Overridden" in res["message"]
 
@@ -121,7 +122,8 @@ def test_the_filter_gives_the_modules_verdict_without_raising():
     with mock.patch("ansible_collections.kpro.gpu_serving.plugins.filter.compat.Display.warning") as warning:
         warned = sglang_compat("0.5.11", "Qwen3_5ForConditionalGeneration", 2, {})
     assert warned["action"] == "warn" and warned["phase"] is None and warned["prs"] == ["#26444"]
-    assert warning.call_count == 1 and "Remedy: Pin sglang >= 0.5.13" in warning.call_args[0][0]
+    assert warning.call_count == 2 and "Remedy: Pin sglang >= 0.5.13" in warning.call_args_list[0][0][0]
+    assert warning.call_args[0][0].startswith("SGLang 0.5.13 fixes sglang-jit-activation-nvcc (#26444)")
     bad = sglang_compat("0.5.9", "Qwen3_5ForConditionalGeneration", 2)
     assert bad["action"] == "refuse" and bad["phase"] == "known_bad_version" and "#19070" in bad["prs"]
     assert "19070" in bad["message"] and bad["evidence"] == ["rule sglang-0.5.9-qwen3.5-dense-tp (#19070)"] and bad["remedy"]
