@@ -330,7 +330,7 @@ def _milestone_data(kind, m, msg):
 _SA_FIELDS = {
     "model_path": str, "served_model_name": str, "host": str, "port": int, "tp_size": int, "dp_size": int, "pp_size": int,
     "mem_fraction_static": float, "context_length": int, "max_running_requests": int, "max_total_tokens": int,
-    "chunked_prefill_size": int, "cuda_graph_max_bs": int, "speculative_algorithm": str, "speculative_num_steps": int,
+    "chunked_prefill_size": int, "cuda_graph_max_bs": int, "cuda_graph_max_bs_decode": int, "speculative_algorithm": str, "speculative_num_steps": int,
     "speculative_eagle_topk": int, "speculative_num_draft_tokens": int, "disable_radix_cache": bool, "disable_cuda_graph": bool,
     "enable_torch_compile": bool, "mamba_ssm_dtype": str, "max_mamba_cache_size": int, "kv_cache_dtype": str, "dtype": str,
     "attention_backend": str, "disable_custom_all_reduce": bool, "enable_p2p_check": bool,
@@ -761,11 +761,13 @@ def _remedy_weights(facts, exc, plan):
 
 def _remedy_graph(facts):
     mf = _sa(facts, "mem_fraction_static")
-    bs = _sa(facts, "cuda_graph_max_bs")
+    # 0.5.14 renamed the flag (the old one an alias until 0.5.20): the log's own ServerArgs say which this server has
+    key = "cuda_graph_max_bs_decode" if _sa(facts, "cuda_graph_max_bs_decode") is not None else "cuda_graph_max_bs"
+    bs = _sa(facts, key)
     suggested = round(max(0.5, (mf or 0.85) - 0.05), 2)
     return ("CUDA graph capture failed: set --mem-fraction-static to a smaller value (now %s, e.g. %s) so more memory is left for "
-            "graphs and activations, set --cuda-graph-max-bs smaller (now %s, e.g. 16), drop --enable-torch-compile, or as a last "
-            "resort --disable-cuda-graph." % (mf if mf is not None else "?", suggested, bs if bs is not None else "default"))
+            "graphs and activations, set --%s smaller (now %s, e.g. 16), drop --enable-torch-compile, or as a last "
+            "resort --disable-cuda-graph." % (mf if mf is not None else "?", suggested, key.replace("_", "-"), bs if bs is not None else "default"))
 
 
 def _remedy_nccl(exc, p2p):

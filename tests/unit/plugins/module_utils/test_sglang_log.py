@@ -574,3 +574,12 @@ def test_peer_missing_on_rank0_and_on_a_follower():
     assert res["phase"] == "peer_missing"
     assert "192.0.2.11:20000" in res["remedy"]
     assert any("trying to connect to (192.0.2.11, 20000)" in e for e in res["evidence"])
+
+
+def test_the_graph_remedy_names_the_flag_of_the_servers_own_version():
+    """0.5.14 renamed --cuda-graph-max-bs to --cuda-graph-max-bs-decode (the old name removed in 0.5.20): the remedy
+    names the one this server's ServerArgs line shows."""
+    old = sl.parse_server_args("server_args=ServerArgs(mem_fraction_static=0.85, cuda_graph_max_bs=32)")
+    new = sl.parse_server_args("server_args=ServerArgs(mem_fraction_static=0.85, cuda_graph_max_bs_decode=48)")
+    assert "set --cuda-graph-max-bs smaller (now 32" in sl._remedy_graph({"server_args": old})
+    assert "set --cuda-graph-max-bs-decode smaller (now 48" in sl._remedy_graph({"server_args": new})
