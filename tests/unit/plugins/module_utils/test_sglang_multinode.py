@@ -70,7 +70,7 @@ def test_the_plan_runs_per_node_over_its_own_gpus():
 def test_plan_launch_selects_this_nodes_gpus(tmp_path, monkeypatch):
     seen = {}
 
-    def fake_plan(config, index, options, gpu_total_mib=None, gpu_baseline_mib=None, environment=None):
+    def fake_plan(config, index, options, gpu_total_mib=None, gpu_baseline_mib=None, environment=None, sglang_version=None):
         seen.update(options=options, gpus=gpu_total_mib)
         return {"fits": True}
 
