@@ -45,10 +45,11 @@ def test_each_release_cites_its_wheel(version):
     ("0.5.12", {}, {}, ["mamba_radix", "speculative"]),
     ("0.5.13", {}, {}, ["mamba_radix", "memory", "speculative"]),
     ("0.5.14", {"--mamba-scheduler-strategy": "--mamba-radix-cache-strategy", "--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
-                "--disable-cuda-graph": "--cuda-graph-backend-{decode,prefill}=disabled"}, {},
+                "--disable-cuda-graph": "--cuda-graph-backend-{decode,prefill}=disabled",
+                "--disable-piecewise-cuda-graph": "--cuda-graph-backend-prefill=disabled"}, {},
      ["mamba_radix", "memory", "speculative"]),
     ("0.5.19", {}, {}, ["mamba_radix", "memory", "speculative"]),
-    ("0.5.20", {}, {"--mamba-scheduler-strategy", "--cuda-graph-max-bs"}, ["memory", "speculative"]),
+    ("0.5.20", {}, {"--mamba-scheduler-strategy", "--cuda-graph-max-bs", "--disable-piecewise-cuda-graph"}, ["memory", "speculative"]),
     ("0.5.23", {}, {}, ["memory", "speculative"]),
 ])
 def test_rows(version, deprecated, removed, rules):
