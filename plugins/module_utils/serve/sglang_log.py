@@ -190,6 +190,17 @@ def split_launches(text):
     return [(lid, body) for lid, body in parts if lid is not None or body.strip()]
 
 
+def unfinished_traceback(text, tail_lines=80):
+    """Whether ``text`` ends inside a Python traceback: after its last "Traceback (most recent call last):" only
+    indented lines (frames, code), no exception line yet. A dying process's last write can reach the log in pieces;
+    the gate waits for the rest before it names the failure (the exception line decides the phase)."""
+    lines = (text or "").splitlines()[-tail_lines:]
+    starts = [i for i, line in enumerate(lines) if "Traceback (most recent call last):" in line]
+    if not starts:
+        return False
+    return all(line[:1] in (" ", "\t") for line in lines[starts[-1] + 1:] if line.strip())
+
+
 def select_launch(text, launch_id=None):
     """Return only the part of ``text`` written by one launch, or None when it is not there.
 

@@ -31,7 +31,7 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.degenerate 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.fileio import load_json
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.nvml import gpu_facts
-from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_log import diagnose, parse_log, select_launch
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_log import diagnose, parse_log, select_launch, unfinished_traceback
 
 # sglang_gate's options (the module's argument spec), and sglang_service's look (look_once): one spec for both.
 GATE_SPEC = dict(
@@ -271,15 +271,20 @@ class Gate(object):
             if self.main_pid and not su.pid_alive(self.main_pid):
                 return
 
-    def settle_log(self, quiet_s=0.3, max_s=2.0):
-        end = time.time() + max_s
-        size, since = self.reader.size(), time.time()
-        while time.time() < end:
+    def settle_log(self, quiet_s=0.3, max_s=2.0, unfinished_max_s=10.0):
+        """Wait until the log has not grown for quiet_s (at most max_s), longer (at most unfinished_max_s) while it
+        ends inside a traceback with no exception line yet: on a loaded host the rest of a dying process's last write
+        can come later than quiet_s, and the exception line is what names the failure."""
+        start = time.time()
+        size, since = self.reader.size(), start
+        while True:
             time.sleep(0.05)
-            now_size = self.reader.size()
+            now, now_size = time.time(), self.reader.size()
             if now_size != size:
-                size, since = now_size, time.time()
-            elif time.time() - since >= quiet_s:
+                size, since = now_size, now
+            quiet = now - since >= quiet_s
+            unfinished = quiet and unfinished_traceback(self.reader.read())
+            if (quiet and not unfinished) or now - start >= (unfinished_max_s if unfinished else max_s):
                 return
 
     def tick(self):

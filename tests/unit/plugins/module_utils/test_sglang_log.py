@@ -583,3 +583,17 @@ def test_the_graph_remedy_names_the_flag_of_the_servers_own_version():
     new = sl.parse_server_args("server_args=ServerArgs(mem_fraction_static=0.85, cuda_graph_max_bs_decode=48)")
     assert "set --cuda-graph-max-bs smaller (now 32" in sl._remedy_graph({"server_args": old})
     assert "set --cuda-graph-max-bs-decode smaller (now 48" in sl._remedy_graph({"server_args": new})
+
+
+@pytest.mark.parametrize("text,unfinished", [
+    ("", False),
+    ("[TP0] Load weight begin.\n", False),
+    ("[TP0] Scheduler hit an exception: Traceback (most recent call last):\n  File \"s.py\", line 1, in f\n    x()\n", True),
+    ("[TP0] Scheduler hit an exception: Traceback (most recent call last):\n", True),
+    ("Traceback (most recent call last):\n  File \"s.py\", line 1, in f\n    x()\ntorch.OutOfMemoryError: CUDA out of memory.\n",
+     False),
+    # an earlier traceback finished, a later one cut: the last decides
+    ("Traceback (most recent call last):\n  File \"a\"\nValueError: x\nTraceback (most recent call last):\n  File \"b\"\n", True),
+])
+def test_a_log_that_ends_inside_a_traceback_is_unfinished(text, unfinished):
+    assert sl.unfinished_traceback(text) is unfinished

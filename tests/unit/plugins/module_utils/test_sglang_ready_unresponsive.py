@@ -153,3 +153,27 @@ def test_the_sglang_stand_in_stopped_after_ready_is_unresponsive(serve_lab):
     finally:
         os.kill(serve_lab.proc.pid, signal.SIGCONT)
     assert res["phase"] == "unresponsive" and "State: T (stopped)" in res["evidence"][1], res["evidence"]
+
+
+def test_the_log_is_read_once_a_late_exception_line_has_come(tmp_path, no_gpus):
+    """A dying scheduler's traceback reaches the log in two pieces, the exception line a second after the frames: the
+    gate's settle waits for it (the exception line names the phase), where a plain 0.3 s quiet read it cut."""
+    import threading
+    g = gate(tmp_path, 1, 1)
+    head = "[TP0] Scheduler hit an exception: Traceback (most recent call last):\n  File \"s.py\", line 9, in load\n    w()\n"
+    with open(g.log_path, "a") as f:
+        f.write(head)
+
+    def late():
+        time.sleep(1.0)
+        with open(g.log_path, "a") as f:
+            f.write("torch.OutOfMemoryError: CUDA out of memory.\n")
+
+    t = threading.Thread(target=late)
+    t.start()
+    t0 = time.time()
+    g.settle_log()
+    waited, text = time.time() - t0, g.reader.read()
+    t.join()
+    assert text.endswith("torch.OutOfMemoryError: CUDA out of memory.\n")
+    assert 0.9 < waited < 5
