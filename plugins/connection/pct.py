@@ -159,6 +159,7 @@ options:
       - section: pct_connection
         key: host_key_checking
   pct_ssh_common_args:
+    version_added: "0.2.0"
     description:
       - Extra arguments for C(ssh) to the Proxmox host (for example C(-o ProxyJump=bastion)), split like a shell would.
       - They come before the plugin's own C(-o) options, and C(ssh) takes the first value of an option, so they win.
@@ -173,6 +174,7 @@ options:
       - section: ssh_connection
         key: ssh_common_args
   pct_ssh_executable:
+    version_added: "0.2.0"
     description: The OpenSSH client.
     type: str
     default: ssh
@@ -185,6 +187,7 @@ options:
       - section: ssh_connection
         key: ssh_executable
   pct_control_persist:
+    version_added: "0.2.0"
     description:
       - How long the shared SSH connection to the Proxmox host stays open after its last use (C(ControlPersist), for
         example C(60s) or C(10m)).
@@ -199,6 +202,7 @@ options:
       - section: pct_connection
         key: control_persist
   pct_control_path_dir:
+    version_added: "0.2.0"
     description:
       - Directory of the shared connections' sockets (created with mode 0700). One socket per Proxmox host, user, port
         and authentication settings, named C(pct-) and a hash.
@@ -213,6 +217,7 @@ options:
       - section: ssh_connection
         key: control_path_dir
   pct_keepalive:
+    version_added: "0.2.0"
     description:
       - Seconds between SSH keepalive messages to the Proxmox host (C(ServerAliveInterval), with C(ServerAliveCountMax=4)),
         so a long quiet task (a model download, a server starting) keeps its connection through firewalls that drop idle

@@ -14,6 +14,7 @@ options: {}
 
     RETURN = r"""
 phase:
+  version_added: "0.2.0"
   description:
     - On failure, the failure's name from the collection's vocabulary (C(plugins/module_utils/common/failure.py)).
     - C(docs/troubleshooting.md) lists every phase, the module that reports it, and what to do.
@@ -21,15 +22,18 @@ phase:
   type: str
   sample: gpu_in_use
 evidence:
+  version_added: "0.2.0"
   description: On failure, what shows it (refusals, command output, file names).
   returned: failure
   type: list
   elements: str
 remedy:
+  version_added: "0.2.0"
   description: On failure, what to do (also appended to RV(msg) after C(Remedy:)).
   returned: failure
   type: str
 known_failure:
+  version_added: "0.2.0"
   description:
     - On failure, the same as data - C(phase), C(msg) (without the phase and the remedy), C(evidence), C(remedy) - for a
       task that reads a registered failure (never parse RV(msg)).

@@ -11,14 +11,17 @@ class ModuleDocFragment(object):
     DOCUMENTATION = r"""
 options:
   dkms_framework_conf:
+    version_added: "0.2.0"
     description: Internal, for tests only (do not set) - DKMS's framework.conf.
     type: path
     default: /etc/dkms/framework.conf
   boot_dir:
+    version_added: "0.2.0"
     description: Internal, for tests only (do not set) - where the kernel images are.
     type: path
     default: /boot
   modules_root:
+    version_added: "0.2.0"
     description: Internal, for tests only (do not set) - the root of the kernels' module trees.
     type: path
     default: /lib/modules

@@ -74,6 +74,7 @@ options:
       - You can use the E(PROXMOX_CA_PATH) environment variable.
     type: path
   ca_content:
+    version_added: "0.2.0"
     description:
       - The CA (PEM text) to put at O(ca_path) before any API call, its directory created (mode 0755) and the file
         mode 0644, when the file differs; reported as a change (RV(ca_changed)) with a diff.

@@ -44,6 +44,7 @@ options:
       - In C(userspace) mode, C(auto) (the default there) takes the host kernel module's version.
     type: str
   state:
+    version_added: "0.2.0"
     description:
       - C(present) installs and verifies the driver. C(fetched) only makes sure the installer is on the target
         (downloaded into O(download_dir) if need be), has O(installer_checksum) and is the installer of O(version)
@@ -108,6 +109,7 @@ options:
     description: Public certificate matching O(module_signing_key) (enrolled as a MOK), PEM or DER.
     type: path
   all_kernels:
+    version_added: "0.2.0"
     description:
       - Build (and under Secure Boot verify) the module for every kernel that can boot, not only the running one
         (host mode). A kernel without headers that cannot be installed fails C(boot_kernel_headers_missing), a failed
@@ -115,6 +117,7 @@ options:
     type: bool
     default: true
   dkms_tree:
+    version_added: "0.2.0"
     description: Internal, for tests only (do not set) - DKMS's tree.
     type: path
     default: /var/lib/dkms
@@ -135,6 +138,7 @@ options:
     type: int
     default: 1800
   release_look:
+    version_added: "0.2.0"
     description:
       - With O(mode=host) in check mode, first look at the release of the GPUs from vfio-pci as
         M(kpro.gpu_serving.vfio_release) in check mode does, with these options of it (its defaults for the others),
@@ -180,6 +184,7 @@ RETURN = r"""
 extends_documentation_fragment:
   - kpro.gpu_serving.failure
 release:
+  version_added: "0.2.0"
   description: With O(release_look), the result of M(kpro.gpu_serving.vfio_release) in check mode (its
     RV(kpro.gpu_serving.vfio_release#module:would_change), RV(kpro.gpu_serving.vfio_release#module:reboot_required),
     RV(kpro.gpu_serving.vfio_release#module:selected) ...); its warnings are the module's.
@@ -211,6 +216,7 @@ nvml:
   returned: always
   type: dict
 kernels:
+  version_added: "0.2.0"
   description:
     - One entry per kernel that can boot, newest first - C(kernel), C(running), C(next_boot), C(headers) (present),
       C(headers_package), C(dkms) (C(installed), C(built), C(added), C(failed) or null), C(action) (C(build),
@@ -223,6 +229,7 @@ kernels:
   sample: [{"kernel": "6.8.12-10-pve", "running": false, "next_boot": true, "headers": true,
             "headers_package": "proxmox-headers-6.8.12-10-pve", "dkms": "installed", "action": "build"}]
 would_change:
+  version_added: "0.2.0"
   description:
     - In check mode, whether a run would change anything (the same as C(changed)); false after a run. A role's read-only probe
       (C(check_mode=true) with C(changed_when=false)) reads it to decide whether the install runs at all.
@@ -230,6 +237,7 @@ would_change:
   type: bool
   sample: false
 next_boot_kernel:
+  version_added: "0.2.0"
   description: The kernel the next boot starts (the next-boot pin, else the pin, else the newest).
   returned: host mode
   type: str

@@ -138,6 +138,7 @@ facts:
   type: dict
   sample: {"kv_tokens": 398784, "weights_gib": 26.5, "stage": "serving", "time_to_ready_s": 114.0}
 former_phase:
+  version_added: "0.2.0"
   description: The name 0.1.0 gave this failure, kept for one release where the phase was renamed (docs/troubleshooting.md,
     Renamed phases).
   returned: when the phase was renamed

@@ -78,12 +78,14 @@ options:
     description: The server's API key (sent as C(Authorization Bearer)).
     type: str
   api_key_file:
+    version_added: "0.2.0"
     description:
       - The server's C(--config) file holding the API key (RV(kpro.gpu_serving.sglang_service#module:secret_file)), read
         here instead of O(api_key), so that the key is no argument of the task (the role runs the gate in the background,
         whose arguments Ansible keeps in a file on the target). Ignored when O(api_key) is set.
     type: path
   plan:
+    version_added: "0.2.0"
     description:
       - The memory plan of this launch, as M(kpro.gpu_serving.sglang_service) returns it (RV(kpro.gpu_serving.sglang_service#module:plan));
         ready requires every GPU to hold at least 90% of its C(per_gpu.weights_mib). The plan is not made again here.
@@ -114,6 +116,7 @@ options:
     type: float
     default: 5.0
   unresponsive_after:
+    version_added: "0.2.0"
     description:
       - "The number of C(GET /health) checks in a row that get no answer at all within O(http_timeout) (the connection is
         accepted, nothing answers; a refused connection does not count) while the process lives and the log shows the HTTP
@@ -133,6 +136,7 @@ options:
     type: float
     default: 120
   fatal_grace:
+    version_added: "0.2.0"
     description:
       - Seconds without progress (no new log line, no change of GPU memory) after this launch's log shows a fatal error
         (a traceback, a dead scheduler) before the gate fails while the process is still alive; the log alone then
@@ -140,6 +144,7 @@ options:
     type: float
     default: 5.0
   node_rank:
+    version_added: "0.2.0"
     description:
       - This node's rank of a server over several nodes (SGLang's C(--node-rank)).
       - A rank of 1 or more serves no endpoint (real SGLang runs only a health server there). It is ready when its log
@@ -152,6 +157,7 @@ options:
     type: str
     default: "(?i)paris"
   known_answer_checks:
+    version_added: "0.2.0"
     description:
       - The known-answer checks, asked concurrently after the content probe passed (the probe's O(probe_timeout) each).
         Default (not given) the collection's six (counting 1 to 20, 4823 + 7619, the capital of Japan, C([READY]), the
@@ -201,20 +207,24 @@ options:
             V(thinking_in_content), phase C(wrong_answer), the remedy naming C(--reasoning-parser)).
         type: dict
   chat_template_kwargs:
+    version_added: "0.2.0"
     description:
       - "The C(chat_template_kwargs) of the chat checks (what the model's chat template understands). Default
         C({enable_thinking: false}) (Qwen3 answers without a thinking block); C({}) for none."
     type: dict
   sglang_version:
+    version_added: "0.2.0"
     description: The installed SGLang version, for the compatibility table among the suspects of a wrong answer.
     type: str
   model_dir:
     description: The model snapshot; its C(config.json) gives the architecture the compatibility table is asked about.
     type: path
   compile_cache_dir:
+    version_added: "0.2.0"
     description: The server's compile caches (M(kpro.gpu_serving.sglang_service)'s O(kpro.gpu_serving.sglang_service#module:compile_cache_dir)).
     type: path
   compile_cache_files:
+    version_added: "0.2.0"
     description: The files in O(compile_cache_dir) before the launch (the converge's RV(kpro.gpu_serving.sglang_service#module:compile_cache_files));
       with both, RV(compile_cache) says whether the launch compiled anything.
     type: int
@@ -274,10 +284,12 @@ remedy:
   returned: always
   type: str
 known_failure:
+  version_added: "0.2.0"
   description: The failure as data (C(phase), C(msg) without the phase and the remedy, C(evidence), C(remedy)).
   returned: failure
   type: dict
 former_phase:
+  version_added: "0.2.0"
   description: The name 0.1.0 gave this failure, kept for one release where the phase was renamed (docs/troubleshooting.md,
     Renamed phases).
   returned: when the phase was renamed
@@ -299,6 +311,7 @@ gpu_used_mib:
   elements: int
   sample: [45210, 45188]
 nrestarts:
+  version_added: "0.2.0"
   description: The unit's C(NRestarts) (automatic restarts by C(Restart=on-failure) since the last manual start).
   returned: with O(unit)
   type: int
@@ -309,6 +322,7 @@ kv_tokens:
   type: int
   sample: 242894
 known_answer:
+  version_added: "0.2.0"
   description:
     - The known-answer check - C(passed), C(elapsed_s), C(checks) (each C(name), C(endpoint), C(prompt), C(expected), C(received),
       C(ok), C(kind) (V(wrong), V(degenerate), V(reasoning_only), V(thinking_in_content), V(low_logprob), V(http)), C(why), C(mean_logprob)).
@@ -335,6 +349,7 @@ log_path:
   returned: always
   type: str
 compile_cache:
+  version_added: "0.2.0"
   description: Whether this launch compiled anything (O(compile_cache_dir) and O(compile_cache_files) given) - the
     files in the compile caches before the launch and at ready; V(warm) true when it added none.
   returned: when ready and the cache was counted before the launch

@@ -82,6 +82,7 @@ options:
     type: dict
     default: {}
   compile_cache_dir:
+    version_added: "0.2.0"
     description:
       - One directory for every compile cache of the server (C(TRITON_CACHE_DIR), C(FLASHINFER_WORKSPACE_BASE),
         C(TORCHINDUCTOR_CACHE_DIR), C(CUDA_CACHE_PATH) below it), so that a restart or a rebuilt container compiles
@@ -133,28 +134,34 @@ options:
     type: int
     default: 65536
   restart:
+    version_added: "0.2.0"
     description: The unit's C(Restart=); V(on-failure) brings a crashed server back.
     type: str
     choices: ["no", on-failure, on-abnormal, always]
     default: on-failure
   restart_sec:
+    version_added: "0.2.0"
     description: The unit's C(RestartSec=) (seconds before an automatic restart).
     type: int
     default: 30
   start_limit_interval_sec:
+    version_added: "0.2.0"
     description: The unit's C(StartLimitIntervalSec=); with O(start_limit_burst) it bounds automatic restarts.
     type: int
     default: 3600
   start_limit_burst:
+    version_added: "0.2.0"
     description: The unit's C(StartLimitBurst=). The module's own starts reset the count (C(systemctl reset-failed)).
     type: int
     default: 3
   probe_regex:
+    version_added: "0.2.0"
     description:
       - The gate's probe regex (O(kpro.gpu_serving.sglang_gate#module:expected_probe_regex)).
       - Checked to compile before anything is touched.
     type: str
   secret_file:
+    version_added: "0.2.0"
     description:
       - The server's C(--config) YAML file holding the API key (mode 0600). Defaults to
         C(/etc/kpro-gpu-serving/<stem>-secrets.yaml).
@@ -197,6 +204,7 @@ options:
     type: path
     default: /sys/fs/cgroup
   deployment_check:
+    version_added: "0.2.0"
     description:
       - Before anything else, the step of M(kpro.gpu_serving.sglang_deployment) with O(kpro.gpu_serving.sglang_deployment#module:state=checked)
         on the deployment record of O(unit), so that the idempotent re-run pays one module call instead of two.
@@ -222,6 +230,7 @@ options:
         type: path
         default: /var/lib/kpro-gpu-serving
   look:
+    version_added: "0.2.0"
     description:
       - "With O(state=started), when the server was not (and in check mode would not be) restarted: one check of
         M(kpro.gpu_serving.sglang_gate), its own code, with a timeout of 1 s, in this module run (the idempotent re-run
@@ -288,12 +297,14 @@ EXAMPLES = r"""
 
 RETURN = r"""
 look:
+  version_added: "0.2.0"
   description: With O(look), the result of the one gate check (that of M(kpro.gpu_serving.sglang_gate), its
     RV(kpro.gpu_serving.sglang_gate#module:phase) V(ready) when the server serves and answers right).
   returned: when O(look) is given and the server was not restarted
   type: dict
   sample: {"phase": "ready", "time_to_ready_s": 41.2, "gpu_used_mib": [44870, 44870]}
 deployment_recorded:
+  version_added: "0.2.0"
   description: With O(deployment_check), whether the wanted deployment is already recorded as the good one (recording it
     again after the gate would change nothing).
   returned: when O(deployment_check) is given and does not refuse
@@ -316,6 +327,7 @@ launch_id:
   type: str
   sample: 6f1c2d0a9b8e4f3c8d7e6f5a4b3c2d1e
 compile_cache_files:
+  version_added: "0.2.0"
   description: The files in O(compile_cache_dir) just before this run's launch (the gate compares at ready).
   returned: when the module started the server and O(compile_cache_dir) is set
   type: int
@@ -325,6 +337,7 @@ log_path:
   type: str
   sample: /var/log/sglang/sglang-6f1c2d0a9b8e4f3c8d7e6f5a4b3c2d1e.log
 secret_file:
+  version_added: "0.2.0"
   description: The server's C(--config) file holding the API key (mode 0600); null without a key. The gate reads the key there.
   returned: always
   type: str
@@ -335,6 +348,7 @@ unit_path:
   type: str
   sample: /etc/systemd/system/sglang.service
 nrestarts:
+  version_added: "0.2.0"
   description: The unit's C(NRestarts) (automatic restarts since the last manual start) before this run.
   returned: when the unit is known
   type: int

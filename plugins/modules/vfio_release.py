@@ -106,6 +106,7 @@ options:
     type: bool
     default: true
   disable_nouveau:
+    version_added: "0.2.0"
     description:
       - Keep nouveau off the GPUs, which the NVIDIA driver needs. A host that does not blacklist nouveau has it loaded
         from boot (udev loads it for the GPU's alias even while vfio-pci holds the GPU), and the probe after the
@@ -246,6 +247,7 @@ removed_dynamic_ids:
   type: list
   elements: str
 would_change:
+  version_added: "0.2.0"
   description:
     - In check mode, whether a run would change anything (the same as C(changed)); false after a run. The gpu_host role's
       read-only check before any change (C(check_mode=true), C(changed_when=false)) reads it to skip the release itself
@@ -277,6 +279,7 @@ runtime_errors:
   type: list
   elements: dict
 nouveau:
+  version_added: "0.2.0"
   description:
     - C(blacklist) is the modprobe.d file written (would be, in check mode) to keep nouveau off, or V(null) when one
       already did. C(loaded) whether nouveau was loaded before the runtime step, C(unbound) the selected functions
@@ -287,6 +290,7 @@ nouveau:
   sample: {"blacklist": "/etc/modprobe.d/kpro-gpu-serving-nouveau.conf", "loaded": true, "unbound": [], "unloaded": true,
            "not_probed": []}
 boot_vfio_ids:
+  version_added: "0.2.0"
   description:
     - Managed ids that C(vfio-pci.ids=) on C(/proc/cmdline) gave vfio-pci at boot. The kernel adds them as dynamic ids,
       so they are removed at runtime like Proxmox's; a reboot is not needed for them.

@@ -68,16 +68,22 @@ def render(ansible_doc, kind, names, env):
     return "%s: not rendered: %s\n%s" % (kind, sorted(bad), "\n".join(bad.values()))
 
 
+def collection_env(tmp):
+    """The environment in which ansible-doc finds this checkout, alone, as kpro.gpu_serving (links it under tmp)."""
+    link = os.path.join(tmp, "ansible_collections", "kpro", "gpu_serving")
+    os.makedirs(os.path.dirname(link))
+    os.symlink(REPO, link)
+    open(os.path.join(tmp, "empty.cfg"), "w", encoding="utf-8").close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(ANSIBLE_CONFIG=os.path.join(tmp, "empty.cfg"), ANSIBLE_COLLECTIONS_PATH=tmp, ANSIBLE_NOCOLOR="1",
+               ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False", ANSIBLE_LOCAL_TEMP=os.path.join(tmp, "ansible-tmp"))
+    return env
+
+
 def main():
     ansible_doc = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(sys.executable), "ansible-doc")
     with tempfile.TemporaryDirectory() as tmp:
-        link = os.path.join(tmp, "ansible_collections", "kpro", "gpu_serving")
-        os.makedirs(os.path.dirname(link))
-        os.symlink(REPO, link)
-        open(os.path.join(tmp, "empty.cfg"), "w", encoding="utf-8").close()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-        env.update(ANSIBLE_CONFIG=os.path.join(tmp, "empty.cfg"), ANSIBLE_COLLECTIONS_PATH=tmp, ANSIBLE_NOCOLOR="1",
-                   ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False", ANSIBLE_LOCAL_TEMP=os.path.join(tmp, "ansible-tmp"))
+        env = collection_env(tmp)
         found = plugins()
         errors = [e for e in (render(ansible_doc, k, v, env) for k, v in found.items() if v) if e]
     version = subprocess.run([ansible_doc, "--version"], capture_output=True, text=True, check=False).stdout
