@@ -71,7 +71,7 @@ SVC_PORTS = {"files": 18600, "index": 18601, "hub": 18602, "hub_cdn": 18603}
 WHEELS = os.path.join(RUN, "wheels")
 LOCKS = os.path.join(RUN, "locks")
 WHEEL_CACHE = os.path.join(os.environ.get("KPGS_LAB_CACHE", "/var/cache/kpgs-lab"), "wheels")
-LAB_SGLANG_VERSIONS = ("0.5.9", "0.5.10.post1", "0.5.11")
+LAB_SGLANG_VERSIONS = ("0.5.9", "0.5.10.post1", "0.5.11", "0.5.23")  # 0.5.23: the newest in the release table (the upgrade)
 RELEASE_FILE = os.path.join(RUN, "release")  # the node disk's Proxmox VE release (seeded with it)
 PACKAGES = {"openssh-server": "/usr/sbin/sshd", "debootstrap": "/usr/sbin/debootstrap", "fuse3": "/usr/bin/fusermount3",
             "iproute2": "/usr/sbin/ip", "apt-utils": "/usr/bin/apt-ftparchive"}

@@ -3,7 +3,8 @@
     python3 build_wheel.py --out DIR [--version 0.5.11 --version 0.5.9 ...]
 
 Default versions: 0.5.9, 0.5.10.post1, 0.5.11 (the known-bad range and the first good one,
-so the collection's compatibility refusal can be exercised). Also the stand-in of the CUDA compiler wheel,
+so the collection's compatibility refusal can be exercised) and 0.5.23 (the newest in the release table: the lab's
+upgrade). Also the stand-in of the CUDA compiler wheel,
 nvidia-cuda-nvcc 13.0.88 (``build_nvcc``: nvidia/cu13/bin/nvcc, executable, as the real wheel lays it out). The wheels are reproducible
 (fixed timestamps and ordering), so their sha256 is stable across rebuilds and lock files
 with hashes keep matching. Also a PEP 517 backend (``build_wheel`` below; the version
@@ -18,7 +19,9 @@ import sys
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_VERSIONS = ("0.5.9", "0.5.10.post1", "0.5.11")
+DEFAULT_VERSIONS = ("0.5.9", "0.5.10.post1", "0.5.11", "0.5.23")
+# the collection's release table, put into the wheel as the stand-in's _release_table.py (releases.py reads it)
+RELEASE_TABLE = os.path.join(HERE, os.pardir, os.pardir, os.pardir, "plugins", "module_utils", "container", "sglang_releases.py")
 EPOCH = (1980, 1, 1, 0, 0, 0)
 NAME = "sglang"
 
@@ -40,7 +43,7 @@ def _record_line(path, data):
     return "%s,sha256=%s,%d" % (path, digest, len(data))
 
 
-def pure_wheel(out_dir, top, name, version, summary, license_name, extra_dist_info=()):
+def pure_wheel(out_dir, top, name, version, summary, license_name, extra_dist_info=(), extra_files=()):
     """Write <name>-<version>-py3-none-any.whl of the package directory <top>/<name> (its version.py replaced by the
     version) into out_dir; return its path. Also used by the lab's other pure-Python stand-ins (tests/lab/torch_standin)."""
     os.makedirs(out_dir, exist_ok=True)
@@ -54,6 +57,7 @@ def pure_wheel(out_dir, top, name, version, summary, license_name, extra_dist_in
             kept = [ln for ln in data.decode().splitlines(True) if ln.split("=")[0].strip() in ("cuda", "git_version", "hip")]
             data = "".join(['__version__ = "%s"\n' % version] + kept).encode()
         entries.append((rel, data))
+    entries += list(extra_files)
     entries.append((distinfo + "/METADATA", ("Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: %s\nRequires-Python: >=3.9\n"
                                              "License: %s\n" % (name, version, summary, license_name)).encode()))
     entries.append((distinfo + "/WHEEL", b"Wheel-Version: 1.0\nGenerator: kpro-lab-build-wheel 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"))
@@ -66,8 +70,11 @@ def pure_wheel(out_dir, top, name, version, summary, license_name, extra_dist_in
 
 def build(version, out_dir):
     """Write sglang-<version>-py3-none-any.whl into out_dir; return its path."""
+    with open(RELEASE_TABLE, "rb") as f:
+        table = f.read()
     return pure_wheel(out_dir, HERE, NAME, version, "Lab stand-in for SGLang (kpro.gpu_serving tests); not the real SGLang",
-                      "Apache-2.0", [("entry_points.txt", b"[console_scripts]\nsglang = sglang.cli:main\n")])
+                      "Apache-2.0", [("entry_points.txt", b"[console_scripts]\nsglang = sglang.cli:main\n")],
+                      [("sglang/srt/_kpro_lab/_release_table.py", table)])
 
 
 # ---- nvidia-cuda-nvcc: the real wheel's layout (nvidia/cu13/bin/nvcc, nvidia/cu13/include/fatbinary_section.h; top level

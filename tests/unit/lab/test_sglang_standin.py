@@ -655,7 +655,8 @@ def test_wheels_install_with_uv(tmp_path):
     built = sorted(os.path.basename(x) for x in out.stdout.split())
     assert "nvidia_cuda_nvcc-13.0.88-py3-none-manylinux2014_x86_64.manylinux_2_17_x86_64.whl" in built   # the compiler wheel's stand-in
     names = [n for n in built if n.startswith("sglang-")]
-    assert names == ["sglang-0.5.10.post1-py3-none-any.whl", "sglang-0.5.11-py3-none-any.whl", "sglang-0.5.9-py3-none-any.whl"]
+    assert names == ["sglang-0.5.10.post1-py3-none-any.whl", "sglang-0.5.11-py3-none-any.whl", "sglang-0.5.23-py3-none-any.whl",
+                     "sglang-0.5.9-py3-none-any.whl"]
     first = (tmp_path / "whl" / names[1]).read_bytes()
     subprocess.run([sys.executable, os.path.join(STANDIN, "build_wheel.py"), "--out", str(tmp_path / "whl"), "--version", "0.5.11"], check=True,
                    capture_output=True)

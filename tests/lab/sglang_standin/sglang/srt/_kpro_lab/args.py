@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 
-from sglang.srt._kpro_lab import memory, reasoning, util
+from sglang.srt._kpro_lab import memory, reasoning, releases, util
 from sglang.srt._kpro_lab.flags_0_5_11 import FLAGS as REAL_FLAGS
 from sglang.version import __version__
 
@@ -186,15 +186,26 @@ class _Deprecated(argparse.Action):
         sys.stderr.write("The command line argument '%s' is deprecated and will be removed in future versions.\n" % option_string)
 
 
-def add_cli_args(parser):
+def add_cli_args(parser, version=__version__):
     """The modelled OPTIONS, then every other flag of the real 0.5.11 (flags_0_5_11.py) as the real parser declares
-    it (value, bare flag, --x/--no-x), so the option names accepted are exactly the real ones."""
+    it (value, bare flag, --x/--no-x), so the option names accepted are exactly the real ones; then what the release
+    table says ``version`` changed (releases.py): a removed flag is not declared (argparse: "unrecognized arguments"),
+    a deprecated one warns and stores where its replacement does, and the replacements are declared."""
     seen = set()
     for flags, kw in OPTIONS:
-        parser.add_argument(*flags, **kw)
         seen.update(flags)
+        kw = releases.old_argument(flags[0], kw, version)
+        if kw is not None:
+            parser.add_argument(*flags, **kw)
+    for flags, kw in releases.new_arguments(version):
+        parser.add_argument(*flags, **kw)
     for flags, kind, nargs, dest in REAL_FLAGS:
         if seen.intersection(flags):
+            continue
+        if kind == "store_true" and flags[0] in releases.changes(version)[1]:
+            continue
+        if kind == "store_true" and flags[0] in releases.changes(version)[0]:
+            parser.add_argument(*flags, **releases.old_argument(flags[0], {"action": "store_true", "dest": dest}, version))
             continue
         kw = {"dest": dest} if dest else {}
         if kind == "store_true":
@@ -288,6 +299,16 @@ class ServerArgs(object):
 
     def __repr__(self):
         return "ServerArgs(%s)" % ", ".join("%s=%r" % (k, getattr(self, k)) for k in self._order)
+
+    def log_text(self, version=__version__):
+        """The startup line. Up to 0.5.18 ``logger.info(f"{server_args=}")``, the dataclass repr (0.5.11
+        entrypoints/engine.py:679, 0.5.18 :1095); from 0.5.19 the resolved fields as a dict
+        (``f"server_args={server_args.resolved_dict()}"``, 0.5.19 engine.py:1098; 0.5.23 :1185 through
+        _server_args_for_logging, 173-174). The fields a release renamed carry its name (releases.field_name)."""
+        pairs = [(releases.field_name(k, version), getattr(self, k)) for k in self._order]
+        if releases.vt(version) >= releases.vt("0.5.19"):
+            return "server_args=%r" % (dict(pairs),)
+        return "server_args=ServerArgs(%s)" % ", ".join("%s=%r" % kv for kv in pairs)
 
 
 def version_tuple(v=__version__):

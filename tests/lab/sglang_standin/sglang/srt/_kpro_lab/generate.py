@@ -22,6 +22,7 @@ behaviour without a restart:
 import re
 
 from sglang.srt._kpro_lab import util
+from sglang.version import __version__
 
 OUTPUT_DRILLS = ("dropped_draft_tokens", "duplicated_tokens", "wrong_answer_tp", "reasoning_only")
 
@@ -37,7 +38,9 @@ def live_modes(tp_size):
     """The output drills in force for this request: those in the drill source now (the environment, else the drill
     file), not those read at launch, so a drill ends when the file is emptied."""
     live, _unknown = util.read_drills()
-    modes = set(n for n in live if n in OUTPUT_DRILLS)
+    # ``name:<version>`` acts only on a server installed as that SGLang version (the lab's upgrade drill: the new release
+    # answers wrong, the one rolled back to does not)
+    modes = set(n for n, arg in live.items() if n in OUTPUT_DRILLS and arg in (None, __version__))
     if tp_size <= 1:
         modes.discard("wrong_answer_tp")     # a TP all-reduce bug needs TP
     return modes

@@ -231,7 +231,7 @@ class Main(object):
         signal.signal(signal.SIGQUIT, self.on_sigquit)
         signal.signal(signal.SIGTERM, self.on_sigterm)
         signal.signal(signal.SIGINT, self.on_sigterm)
-        util.log("server_args=%r" % (self.a,))
+        util.log(self.a.log_text())
         self.spawn()
         try:
             self.wait_ready()
