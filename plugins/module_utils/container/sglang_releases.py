@@ -17,6 +17,8 @@ under sglang/srt/ of that release's wheel. Per release, only what changed agains
     from 0.5.13 arg_groups/speculative_hook.py; the diff compares that whole module);
   health: /health and /health_generate (one handler, entrypoints/http_server.py); metrics: the --enable-metrics field
     (the Prometheus app at /metrics), present in every release.
+  log: {line: (wording, file:line)} of the startup lines the diagnosis reads (serve/sglang_log.py) whose wording the
+    release changed (0.5.11: each one's first wording), a %-format over named values; the lab's stand-in writes them.
 The dataclass defaults of mem_fraction_static, max_running_requests, chunked_prefill_size and context_length are None
 in every release (computed by the memory rules), so no entry names them. Standard library only.
 """
@@ -29,14 +31,22 @@ import re
 
 HS = "entrypoints/http_server.py:"
 RELEASES = (
-    {"version": "0.5.11", "date": "2026-05-05", "health": HS + "506-507", "metrics": "server_args.py:4876"},
+    {"version": "0.5.11", "date": "2026-05-05", "health": HS + "506-507", "metrics": "server_args.py:4876",
+     "log": {"server_args": ("server_args=ServerArgs(%(fields)s)", "entrypoints/engine.py:188"),
+             "dist_begin": ("Init torch distributed begin.", "model_executor/model_runner.py:1103"),
+             "dist_end": ("Init torch distributed ends. elapsed=%(elapsed).2f s, mem usage=%(mem).2f GB",
+                          "model_executor/model_runner.py:1236-1237"),
+             "kv_alloc": ("KV Cache is allocated. #tokens: %(tokens)d, K size: %(k).2f GB, V size: %(v).2f GB",
+                          "mem_cache/memory_pool.py:735")}},
     {"version": "0.5.12", "date": "2026-05-16", "health": HS + "505-506", "metrics": "server_args.py:5258", "added": 15,
      "rules": {"mamba_radix": "server_args.py:2481", "speculative": "server_args.py:3551"}},
     {"version": "0.5.12.post1", "date": "2026-05-23", "health": HS + "505-506", "metrics": "server_args.py:5258"},
     {"version": "0.5.13", "date": "2026-06-11", "health": HS + "512-513", "metrics": "server_args.py:5224", "added": 20,
      "others_removed": 2, "others_deprecated": 5,
      "rules": {"memory": "server_args.py:1444", "mamba_radix": "server_args.py:2664",
-               "speculative": "arg_groups/speculative_hook.py"}},
+               "speculative": "arg_groups/speculative_hook.py"},
+     "log": {"kv_alloc": ("KV Cache is allocated. dtype: %(dtype)s, #tokens: %(tokens)d, K size: %(k).2f GB, V size: %(v).2f GB",
+                          "mem_cache/memory_pool.py:819")}},
     {"version": "0.5.13.post1", "date": "2026-06-15", "health": HS + "512-513", "metrics": "server_args.py:5224"},
     {"version": "0.5.14", "date": "2026-06-26", "health": HS + "561-562", "metrics": "server_args.py:1030", "added": 18,
      "deprecated": {"--mamba-scheduler-strategy": ("--mamba-radix-cache-strategy", "server_args.py:6349"),
@@ -61,7 +71,9 @@ RELEASES = (
      "rules": {"memory": "server_args.py:4802", "speculative": "arg_groups/speculative_hook.py"}},
     {"version": "0.5.19", "date": "2026-09-04", "health": HS + "662-663", "metrics": "server_args.py:1501", "added": 15,
      "rules": {"memory": "arg_groups/memory_hook.py", "mamba_radix": "arg_groups/mamba_hook.py",
-               "speculative": "arg_groups/speculative_hook.py"}},
+               "speculative": "arg_groups/speculative_hook.py"},
+     # a dict of the resolved fields (resolved_dict()), not the dataclass repr; it prints the API keys as 0.5.11 did
+     "log": {"server_args": ("server_args={%(fields)s}", "entrypoints/engine.py:1098")}},
     {"version": "0.5.20", "date": "2026-09-18", "health": HS + "669-670", "metrics": "arg_groups/fields/observability.py:77",
      "added": 14,
      # the 0.5.14 aliases are gone; --disable-cuda-graph stays (server_args.py:404, DeprecatedStoreTrueAction)
@@ -70,7 +82,12 @@ RELEASES = (
      "others_removed": 20, "rules": {"memory": "arg_groups/memory_hook.py", "speculative": "arg_groups/speculative_hook.py"}},
     {"version": "0.5.21", "date": "2026-10-01", "health": HS + "699-700", "metrics": "arg_groups/fields/observability.py:70",
      "added": 21, "others_removed": 2,
-     "rules": {"mamba_radix": "arg_groups/mamba_hook.py", "speculative": "arg_groups/speculative_hook.py"}},
+     "rules": {"mamba_radix": "arg_groups/mamba_hook.py", "speculative": "arg_groups/speculative_hook.py"},
+     # init_parallel_runtime (still before set_device, :130) replaced init_torch_distributed; the memory it used moved
+     # to a line of its own, logged by draft workers too (measure_pre_model_load_memory)
+     "log": {"dist_begin": ("Init parallel begin.", "distributed/bootstrap.py:118"),
+             "dist_end": ("Init parallel ends. elapsed=%(elapsed).2f s", "distributed/bootstrap.py:174"),
+             "mem_baseline": ("Memory baseline taken. mem usage=%(mem).2f GB", "distributed/bootstrap.py:203-206")}},
     {"version": "0.5.22", "date": "2026-10-16", "health": HS + "705-706", "metrics": "arg_groups/fields/observability.py:70",
      "added": 11, "others_removed": 1, "others_deprecated": 1,
      "rules": {"memory": "arg_groups/memory_hook.py", "mamba_radix": "arg_groups/mamba_hook.py",

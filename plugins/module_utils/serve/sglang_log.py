@@ -20,6 +20,7 @@ and :func:`diagnose` (phase, evidence, remedy, facts).
 
 from __future__ import annotations
 
+import ast
 import calendar
 import os
 import re
@@ -61,17 +62,27 @@ _NUM = r"(-?\d+(?:\.\d+)?)"
 
 # (kind, compiled regex) for the milestones and signatures, searched in the message part.
 _MILESTONES = [
-    ("server_args", re.compile(r"^server_args=ServerArgs\(")),
-    ("dist_begin", re.compile(r"Init torch distributed begin\.")),
+    # 0.5.11's dataclass repr "server_args=ServerArgs(...)", from 0.5.19 a dict "server_args={...}" (parse_server_args)
+    ("server_args", re.compile(r"^server_args=(?:ServerArgs\(|\{)")),
+    # 0.5.21 renamed "Init torch distributed begin." (0.5.20 distributed/bootstrap.py:81) "Init parallel begin." (0.5.21
+    # bootstrap.py:118, 0.5.23 :115), still logged before set_device; its end line lost "mem usage=" (0.5.23 :190)
+    ("dist_begin", re.compile(r"Init torch distributed begin\.|Init parallel begin\.")),
     # "elapsed=" is missing in some 0.5.x builds
-    ("dist_end", re.compile(r"Init torch distributed ends\.(?: elapsed=" + _NUM + r" s,)? mem usage=" + _NUM + r" GB")),
+    ("dist_end", re.compile(r"Init (?:torch distributed|parallel) ends\.(?: elapsed=" + _NUM + r" s,?)?(?: mem usage=" + _NUM
+                            + r" GB)?")),
     ("weights_begin", re.compile(r"Load weight begin\. avail mem=" + _NUM + r" GB")),
     ("shards", re.compile(r"(?:Loading safetensors checkpoint shards|Multi-thread loading shards):\s+(\d+)% Completed \|\s*(\d+)/(\d+)")),
     ("weights_end", re.compile(r"Load weight end\.")),
     ("mamba_alloc", re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)")),
-    ("kv_alloc", re.compile(r"KV Cache is allocated\. #tokens: (\d+)")),
-    # every KV pool class is a *TokenToKVPool; some announce themselves before allocating
-    ("kv_pool_init", re.compile(r"^Initiali[sz]e \w*TokenToKVPool\b")),
+    # 0.5.13 added "dtype: X, " (mem_cache/memory_pool.py:819), 0.5.17 a pool label ("SWA KV Cache is allocated.",
+    # memory_pool.py:1670); with SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1 (off by default) the pool's size is set after
+    # the graph capture: "Post-capture KV sizing: KV cache allocated. dtype: ..., #tokens: N" (0.5.17
+    # model_executor/model_runner_components/kv_pool_runtime.py:122, 0.5.23 :194-200)
+    ("kv_alloc", re.compile(r"(?:KV Cache is allocated|^Post-capture KV sizing: KV cache allocated)\. (?:dtype: [\w.]+, )?"
+                            r"#tokens: (\d+)")),
+    # every KV pool class is a *TokenToKVPool; some announce themselves before allocating; with post-capture sizing the
+    # pool's first line gives an upper bound, not its size ("KV Cache VA upper bound.", 0.5.18 memory_pool.py:1685)
+    ("kv_pool_init", re.compile(r"^Initiali[sz]e \w*TokenToKVPool\b|KV Cache VA upper bound\.")),
     ("mem_pool_end", re.compile(r"Memory pool end\. avail mem=" + _NUM + r" GB")),
     # "Capture cuda graph begin.", "Capture draft extend cuda graph begin.", later "Capture target decode CUDA graph begin."
     ("graph_begin", re.compile(r"Capture (?:\w+ ){0,3}(?:cuda|npu|cpu|xpu|hpu|musa) ?graph begin\.", re.I)),
@@ -288,7 +299,7 @@ def _milestone_data(kind, m, msg):
     """Numbers carried by a milestone line."""
     data = {}
     if kind == "dist_end":
-        data = {"elapsed_s": float(m.group(1)) if m.group(1) else None, "mem_usage_gb": float(m.group(2))}
+        data = {"elapsed_s": float(m.group(1)) if m.group(1) else None, "mem_usage_gb": float(m.group(2)) if m.group(2) else None}
     elif kind == "weights_begin":
         data = {"avail_mem_gb": float(m.group(1))}
     elif kind == "shards":
@@ -350,31 +361,50 @@ _SA_FIELDS = {
 }
 
 
+# The line's tokens: a quoted string (its closing quote missing where the line was cut), a bracket, a comma, anything else.
+_SA_TOKEN_RE = re.compile(r"'(?:[^'\\]|\\.)*'?|\"(?:[^\"\\]|\\.)*\"?|[\[{(]|[\]})]|,|[^'\"\[\]{}(),]+")
+# One top-level item: "name=value" (the dataclass repr) or "'name': value" (the dict)
+_SA_ITEM_RE = re.compile(r"^\s*'?(\w+)'?\s*(?:=|:)\s*(.*?)\s*$", re.S)
+
+
 def parse_server_args(msg):
-    """The resolved values from the ``server_args=ServerArgs(...)`` line (the fields the diagnosis uses)."""
-    out = {}
-    for name, typ in _SA_FIELDS.items():
-        m = re.search(r"[(\s,]" + name + r"=('(?:[^'\\]|\\.)*'|\"[^\"]*\"|[^,)]+)", msg)
-        if not m:
-            continue
-        raw = m.group(1).strip()
-        if raw == "None":
-            out[name] = None
-            continue
-        if raw[:1] in "'\"":
-            raw = raw[1:-1]
-        try:
-            if typ is bool:
-                out[name] = raw == "True"
-            elif typ is int:
-                out[name] = int(raw)
-            elif typ is float:
-                out[name] = float(raw)
-            else:
-                out[name] = raw
-        except ValueError:
-            out[name] = raw
-    return out
+    """The resolved values from the ``server_args=`` line (the fields of _SA_FIELDS, so never the API key it prints).
+
+    0.5.11 to 0.5.18 print the dataclass repr ``ServerArgs(name=value, ...)`` (sglang-0.5.11 entrypoints/engine.py:188),
+    0.5.19 on a dict ``{'name': value, ...}`` (ServerArgs.resolved_dict(): 0.5.19 engine.py:1098, 0.5.23 :1185). Only
+    the top level is read (nested dicts and dataclasses hold other fields' names); a value that is no Python literal
+    (``<class ...>``, ``inf``, an object's repr) stays its text; a line cut short gives the items it holds whole."""
+    items = _sa_items(msg.split("=", 1)[1] if msg.startswith("server_args=") else msg)
+    return dict((name, _sa_value(items[name], typ)) for name, typ in _SA_FIELDS.items() if name in items)
+
+
+def _sa_items(body):
+    """{name: value text} of the top level of a repr (inside the outer ``ServerArgs(`` or ``{``)."""
+    depth, item, items = 0, [], {}
+    for tok in _SA_TOKEN_RE.findall(body):
+        opens, closes = tok in ("(", "[", "{"), tok in (")", "]", "}")
+        depth += 1 if opens else -1 if closes else 0
+        if (depth == 1 and tok == ",") or (depth == 0 and closes):
+            m = _SA_ITEM_RE.match("".join(item))
+            if m:
+                items.setdefault(m.group(1), m.group(2))
+            item = []
+            if depth == 0:
+                break
+        elif depth > 1 or (depth == 1 and not opens):
+            item.append(tok)
+    return items
+
+
+def _sa_value(raw, typ):
+    """The value of the field's type, None, or else the text as printed."""
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return raw
+    if value is None or (isinstance(value, typ) and isinstance(value, bool) == (typ is bool)):
+        return value
+    return float(value) if typ is float and isinstance(value, int) and not isinstance(value, bool) else raw
 
 
 def parse_line(raw, index=0):
@@ -1388,8 +1418,8 @@ def _failure_by_stage(L, stage, exc, extra, tb=None):
                                   "scheduler_ready": "scheduler_init_failed"}.get(stage, "init_failed")
     remedy = _remedy_init(L, kind, stage, shown)
     if not L.facts["gpu_touched_per_log"] and stage == "args":
-        remedy = ("The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.' in "
-                  "this launch's log). " + remedy)
+        remedy = ("The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.', from 0.5.21 "
+                  "'Init parallel begin.', in this launch's log). " + remedy)
     return L.result(_STAGE_PHASES.get(stage, "init_failed_before_gpu"), extra, tb, remedy, gpu=True)
 
 
@@ -1397,7 +1427,8 @@ def _failure_by_stage(L, stage, exc, extra, tb=None):
 # before it: model_runner.py:1290 "Load weight begin." .. :1468 "Load weight end."; then init_memory_pool (memory_pool.py:735
 # "KV Cache is allocated.", model_runner_kv_cache_mixin.py:769 "Memory pool end.") and the attention backend; the
 # scheduler's own set-up follows the model runner (scheduler.py:432-470, its "max_total_num_tokens=" line at :764). Before
-# "Init torch distributed begin." (model_runner.py:1103, logged before set_device at :1106) no GPU was touched.
+# "Init torch distributed begin." (model_runner.py:1103, logged before set_device at :1106; from 0.5.21 "Init parallel
+# begin.", distributed/bootstrap.py:118, before set_device at :130) no GPU was touched.
 _STAGE_PHASES = {"weights": "weights_load_failed", "kv_pool": "kv_pool_init_failed", "scheduler_ready": "scheduler_init_failed"}
 
 
@@ -1505,8 +1536,8 @@ def _exit_failure(L):
     if not L.facts["gpu_touched_per_log"]:
         L.facts["failure"] = "init_failed"
         return L.result("init_failed_before_gpu", extra, gpu=True, remedy=(
-            "The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.' in this "
-            "launch's log) and without an exception in the log; see the unit's journal. Exit status: %s." % L.exit_status))
+            "The server exited during initialisation before it touched the GPUs (no 'Init torch distributed begin.', from 0.5.21 'Init "
+            "parallel begin.', in this launch's log) and without an exception in the log; see the unit's journal. Exit status: %s." % L.exit_status))
     # a SIGKILL without SGLang's own report of a failed child came from outside
     if not any(k in ms for k in _OWN_REPORT) and ("killed" in ms or L.exit_status in (137, -9)):
         L.facts["failure"] = "killed"
@@ -1669,7 +1700,7 @@ def diagnose(log_text, gpu_used_mib=None, gpu_baseline_mib=None, exit_status=Non
     text = select_launch(log_text, launch_id) if log_text is not None else None
     if text is None or not text.strip():
         return _no_log(text, launch_id, exit_status, process_alive)
-    L = _Launch(text, gpu_used_mib, gpu_baseline_mib, exit_status, process_alive, plan)
+    L = _Launch(signals.redact(text), gpu_used_mib, gpu_baseline_mib, exit_status, process_alive, plan)
     for check in _FAILURE_CHECKS:
         res = check(L)
         if res is not None:

@@ -140,3 +140,23 @@ def serving_batch(msg):
         return False
     nums = dict((k, int(v)) for k, v in _BATCH_NUMS_RE.findall(msg))
     return nums.get("new-token", 0) > 64 or nums.get("running-req", 0) > 0 or nums.get("queue-req", 0) > 0
+
+
+# Secrets a server prints, kept out of the diagnosis (its evidence and facts quote log lines). The unit's launcher masks
+# them in the log it writes (sglang_unit.LAUNCHER_SCRIPT); a log from elsewhere may hold them. Every release prints the
+# API keys on its server_args line: 0.5.11 "api_key='k'" (the dataclass repr, entrypoints/engine.py:188), from 0.5.19
+# "'api_key': 'k'" (resolved_dict(), engine.py:1098; 0.5.22 redacts only the watermark keys, engine.py:171). A value cut
+# off with its line is masked to the line's end.
+_SECRET_RES = (
+    (re.compile(r"(api_key(?:=|': ))'(?:[^'\\\n]|\\.)*'?"), r"\1'<redacted>'"),
+    (re.compile(r"(api_key(?:=|': ))\"(?:[^\"\\\n]|\\.)*\"?"), r'\1"<redacted>"'),
+    (re.compile(r"(Bearer )[^\s\"',]+"), r"\1<redacted>"),
+    (re.compile(r"(--(?:admin-)?api-key[ =])\S+"), r"\1<redacted>"),
+)
+
+
+def redact(text):
+    """``text`` with the API keys and Bearer tokens in it replaced by <redacted>."""
+    for rx, to in _SECRET_RES:
+        text = rx.sub(to, text)
+    return text

@@ -79,14 +79,15 @@ ls -1t "$log_dir/$name"-*.log 2>/dev/null | tail -n +$((keep + 1)) | while IFS= 
     [ "$old" = "$log" ] || rm -f "$old"
 done
 # The server's output reaches the log through sed, which masks secrets (the server_args=ServerArgs(... api_key='...')
-# line of sglang/srt/entrypoints/engine.py:188, Bearer tokens, --api-key values). sed runs detached (not a child of
+# line of sglang/srt/entrypoints/engine.py:188, from 0.5.19 server_args={... 'api_key': '...'} (engine.py:1098, a dict
+# that prints the key too), Bearer tokens, --api-key values). sed runs detached (not a child of
 # the server, whose kill_process_tree would end it before its last lines) and ignores SIGTERM, so it writes until the
 # server's last process closes the FIFO; it stays in the unit's cgroup. The server is exec'd: MainPID stays the server.
 fifo=$log_dir/.$name-$id.fifo
 rm -f "$fifo"
 mkfifo -m 600 "$fifo"
 ( ( trap '' TERM INT HUP; exec 0<"$fifo"; rm -f "$fifo"
-    exec sed -u -e "s/\(api_key=\)'[^']*'/\1'<redacted>'/g" -e 's/\(api_key=\)"[^"]*"/\1"<redacted>"/g' \
+    exec sed -u -e "s/\(api_key\(=\|': \)\)'[^']*'/\1'<redacted>'/g" -e 's/\(api_key\(=\|'"'"': \)\)"[^"]*"/\1"<redacted>"/g' \
         -e 's/\(Bearer \)[^ "'"'"',]*/\1<redacted>/g' -e 's/\(--api-key[ =]\)[^ ]*/\1<redacted>/g' >> "$log" ) & )
 exec "$@" > "$fifo" 2>&1
 """

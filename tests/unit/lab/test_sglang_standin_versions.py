@@ -114,3 +114,30 @@ def test_an_output_drill_can_name_the_version_it_acts_on(monkeypatch):
     assert generate.live_modes(2) == set()
     monkeypatch.setenv("KPRO_LAB_SGLANG_DRILL", "wrong_answer_tp")
     assert generate.live_modes(2) == {"wrong_answer_tp"}
+
+
+@pytest.mark.parametrize("version,begin,kv", [
+    ("0.5.11", "Init torch distributed begin.", "KV Cache is allocated. #tokens: 1000, K size: 1.00 GB, V size: 1.00 GB"),
+    ("0.5.13", "Init torch distributed begin.", "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000, K size: 1.00 GB"),
+    ("0.5.20", "Init torch distributed begin.", "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000, K size: 1.00 GB"),
+    (NEW, "Init parallel begin.", "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 1000, K size: 1.00 GB"),
+])
+def test_the_startup_lines_have_each_releases_wording_and_the_diagnosis_reads_them(version, begin, kv, monkeypatch):
+    """0.5.13 added the KV pool's dtype (memory_pool.py:819), 0.5.21 renamed the distributed init lines (bootstrap.py:118,
+    :174) and moved their memory figure to "Memory baseline taken." (:203-206): the stand-in writes what its release does."""
+    from sglang.srt._kpro_lab import scheduler
+    monkeypatch.setattr(sys.modules["sglang.version"], "__version__", version)
+    lines = [scheduler._line("dist_begin"), scheduler._line("dist_end", elapsed=0.5, mem=0.25),
+             scheduler._line("mem_baseline", mem=0.25), scheduler._line("kv_alloc", dtype="torch.bfloat16", tokens=1000, k=1, v=1)]
+    assert lines[0] == begin and lines[3].startswith(kv)
+    assert (lines[2] is None) == (version != NEW) and ("mem usage=0.25 GB" in lines[1]) == (version != NEW)
+    log = "".join("[2026-10-30 10:00:0%d TP0] %s\n" % (i, line) for i, line in enumerate(lines) if line)
+    res = sglang_log.diagnose(log, exit_status=1, process_alive=False)
+    assert res["facts"]["kv_tokens"] == 1000 and res["facts"]["gpu_touched_per_log"] is True
+    assert sglang_log.parse_log(log)["milestones"]["dist_end"][0]["data"]["elapsed_s"] == 0.5
+
+
+def test_the_kv_dtype_is_printed_as_the_real_pool_does():
+    from sglang.srt._kpro_lab import scheduler
+    assert scheduler._torch_dtype(argparse.Namespace(kv_cache_dtype="auto", model_dtype="bfloat16")) == "torch.bfloat16"
+    assert scheduler._torch_dtype(argparse.Namespace(kv_cache_dtype="fp8_e4m3", model_dtype="bfloat16")) == "torch.float8_e4m3fn"

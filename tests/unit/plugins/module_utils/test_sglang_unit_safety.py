@@ -127,6 +127,9 @@ def test_launcher_redacts_and_keeps_exit_status(tmp_path):
     launcher.chmod(0o755)
     code = ("import os, sys\n"
             "print(\"server_args=ServerArgs(port=1, api_key='sk-123', admin_api_key=None)\", flush=True)\n"
+            # 0.5.19+ prints a dict (engine.py:1098 of the 0.5.19 wheel), the keys in it too
+            "print(str(dict(server_args={'port': 1, 'api_key': 'sk-124', 'admin_api_key': 'sk-125'}))[1:-1]"
+            ".replace(\"'server_args': \", 'server_args='), flush=True)\n"
             "print('curl -H \"Authorization: Bearer sk-456\"', flush=True)\n"
             "sys.stderr.write('--api-key sk-789 given\\n'); sys.stderr.flush()\n"
             "os.kill(os.getpid(), 9)\n")
@@ -142,6 +145,7 @@ def test_launcher_redacts_and_keeps_exit_status(tmp_path):
     text = log.read_text()
     assert text.startswith("# kpro-launch-id: L1\n")
     assert "api_key='<redacted>'" in text and "Bearer <redacted>" in text and "--api-key <redacted>" in text
+    assert "server_args={'port': 1, 'api_key': '<redacted>', 'admin_api_key': '<redacted>'}" in text
     assert "sk-" not in text
     assert not [p for p in os.listdir(tmp_path / "log") if p.endswith(".fifo")]
 

@@ -150,3 +150,14 @@ def field_name(name, version):
             if flag[2:].replace("-", "_") == name and "=" not in use and "{" not in use:
                 return use[2:].replace("-", "_")
     return name
+
+
+def log_line(name, version, **values):
+    """The startup line ``name`` (the table's "log": dist_begin, dist_end, mem_baseline, kv_alloc) in the wording of
+    ``version``: the last release up to it that worded it (0.5.11's for an older stand-in), None when none writes it yet."""
+    found = {}
+    for r in TABLE.RELEASES:
+        if found and vt(r["version"]) > vt(version):
+            break
+        found.update(r.get("log", {}))
+    return found[name][0] % values if name in found else None

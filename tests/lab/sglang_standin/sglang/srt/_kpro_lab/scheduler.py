@@ -138,7 +138,7 @@ class Rank(object):
             util.sleep(0.3)
             self.fail(*_init_failed_traceback(a, facts), quit_delay=2.0)
         t0 = time.time()
-        self.log("Init torch distributed begin.")
+        self.log(_line("dist_begin"))
         util.sleep(0.1)
         if multinode.nnodes(a) > 1 and self.rank == multinode.local_ranks(a)[0]:
             self.join_nodes()
@@ -180,7 +180,9 @@ class Rank(object):
         if a.enable_p2p_check and a.tp_size > 1 and not a.disable_custom_all_reduce:
             self.log("Custom allreduce is disabled because your platform lacks GPU P2P capability or P2P test failed. To silence this "
                      "warning, specify disable_custom_all_reduce=True explicitly.", level=30)
-        self.log("Init torch distributed ends. elapsed=%.2f s, mem usage=%.2f GB" % (time.time() - t0, before - local))
+        self.log(_line("dist_end", elapsed=time.time() - t0, mem=before - local))
+        if _line("mem_baseline", mem=0.0) is not None:
+            self.log(_line("mem_baseline", mem=before - local))
         self.load_weights(total_gpu)
 
     def load_weights(self, total_gpu):
@@ -291,7 +293,7 @@ class Rank(object):
         util.sleep(0.05)
         self.alloc(plan.k_bytes + plan.v_bytes)
         self.kv_gib = (plan.k_bytes + plan.v_bytes) / GIB
-        self.log("KV Cache is allocated. #tokens: %d, K size: %.2f GB, V size: %.2f GB" % (plan.max_total_num_tokens, plan.k_bytes / GIB, plan.v_bytes / GIB))
+        self.log(_line("kv_alloc", dtype=_torch_dtype(a), tokens=plan.max_total_num_tokens, k=plan.k_bytes / GIB, v=plan.v_bytes / GIB))
         self.log("Memory pool end. avail mem=%.2f GB" % self.free_gib())
         self.graph_gib = 0.0
         if not a.disable_cuda_graph:
@@ -364,8 +366,13 @@ class Rank(object):
     def init_draft(self, total_gpu):
         a, facts, plan = self.a, self.facts, self.plan
         t0 = time.time()
-        self.log("Init torch distributed begin.")
-        self.log("Init torch distributed ends. elapsed=%.2f s, mem usage=0.00 GB" % (time.time() - t0))
+        # from 0.5.21 a draft worker reuses the target's groups (0.5.21 distributed/bootstrap.py:102-103): only its memory
+        # baseline line
+        if _line("mem_baseline", mem=0.0) is None:
+            self.log(_line("dist_begin"))
+            self.log(_line("dist_end", elapsed=time.time() - t0, mem=0.0))
+        else:
+            self.log(_line("mem_baseline", mem=0.0))
         before = self.free_gib()
         self.log("Load weight begin. avail mem=%.2f GB" % before)
         t0 = time.time()
@@ -382,8 +389,8 @@ class Rank(object):
                 (_F + "speculative/eagle_worker.py", 150, "__init__", "super().__init__("),
                 (_F + "managers/tp_worker.py", 330, "_init_model_runner", "self._model_runner = ModelRunner("),
             ]), str(e))
-        self.log("KV Cache is allocated. #tokens: %d, K size: %.2f GB, V size: %.2f GB"
-                 % (plan.max_total_num_tokens, plan.draft_k_bytes / GIB, plan.draft_v_bytes / GIB))
+        self.log(_line("kv_alloc", dtype=_torch_dtype(a), tokens=plan.max_total_num_tokens, k=plan.draft_k_bytes / GIB,
+                       v=plan.draft_v_bytes / GIB))
         self.log("Memory pool end. avail mem=%.2f GB" % self.free_gib())
         if not a.disable_cuda_graph:
             self.capture("draft cuda graph", memory.draft_graph_mib(a.cuda_graph_max_bs), 0.2, show_bar=False)
@@ -428,6 +435,19 @@ def _weight_end(elapsed, type_name, dtype, avail, usage):
         return "Load weight end. elapsed=%.2f s, type=%s, avail mem=%.2f GB, mem usage=%.2f GB." % (elapsed, type_name, avail, usage)
     return ("Load weight end. elapsed=%.2f s, type=%s, dtype=torch.%s, avail mem=%.2f GB, mem usage=%.2f GB."
             % (elapsed, type_name, dtype, avail, usage))
+
+
+def _line(name, **values):
+    """A startup line in the wording of the release the stand-in is installed as (the release table's "log")."""
+    from sglang.srt._kpro_lab import releases
+    from sglang.version import __version__
+    return releases.log_line(name, __version__, **values)
+
+
+def _torch_dtype(a):
+    """The KV pool's dtype as the real pool prints it (self.dtype, a torch dtype: "torch.bfloat16")."""
+    kv = a.kv_cache_dtype if getattr(a, "kv_cache_dtype", None) not in (None, "auto") else a.model_dtype
+    return "torch." + {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}.get(kv, kv)
 
 
 def _version():
