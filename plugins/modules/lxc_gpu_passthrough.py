@@ -117,6 +117,28 @@ options:
       - C(gid=) of the C(devN) entries, as seen in the container, for example the container's C(video) (44) or
         C(render) group; look it up with C(pct exec <vmid> -- getent group render). Not written when unset (0).
     type: int
+  bind_mount:
+    version_added: "0.3.0"
+    description:
+      - "A host directory bind-mounted into the container as C(mpN: <host_path>,mp=<mp>): storage that outlives
+        C(pct destroy), which frees only the mount point volumes the CT owns (pve-container C(src/PVE/LXC.pm)
+        C(destroy_lxc_container)), never a bind mount. The line reuses the C(mpN) that already mounts O(bind_mount.host_path)
+        at O(bind_mount.mp), else takes the first free index; another source at O(bind_mount.mp) is refused."
+      - "Written to the config file under PVE's config lock, whatever O(writer) is: through C(pct set) or the API a bind
+        mount point is root@pam only (C(src/PVE/LXC.pm) C(check_ct_modify_config_perm): I(mount point type bind is only
+        allowed for root@pam)). A change restarts the container like any other config change (O(restart))."
+      - The host directory is created when absent, owned by the container's root (the C(lxc.idmap) line for id 0, else
+        100000 for an C(unprivileged) container, else 0); PVE refuses to start a container whose bind source is missing.
+    type: dict
+    suboptions:
+      host_path:
+        description: Absolute host directory, not under a system directory (C(/etc), C(/usr), C(/proc), ...).
+        type: str
+        required: true
+      mp:
+        description: Absolute path in the container (not C(/), C(/proc), C(/sys), C(/dev), C(/run)).
+        type: str
+        required: true
   remove_other_method:
     description: Remove the owned lines of the other method (raw lines when O(method=devN) and the reverse).
     type: bool
@@ -285,6 +307,7 @@ majors:
   type: dict
   sample: {"nvidia": 195, "nvidia-uvm": 509}
 left_out:
+  version_added: "0.2.0"
   description: The C(/dev/nvidia-caps/*) nodes present on this host and not passed, because no boot makes them.
   returned: always
   type: list
@@ -295,7 +318,14 @@ backup_file:
   returned: when changed and O(backup=true)
   type: str
   sample: /var/backups/kpro-gpu-serving/lxc/129.conf.20250101T120000.000000Z
+bind_mount:
+  version_added: "0.3.0"
+  description: The bind mount's host directory, its owner and whether this run created it (or would, in check mode).
+  returned: when O(bind_mount) is set
+  type: dict
+  sample: {"host_path": "/var/lib/vz/kpro-models", "mp": "/srv/models", "owner": "100000:100000", "created": true}
 ca_changed:
+  version_added: "0.2.0"
   description: O(ca_content) was (or in check mode would be) written to O(ca_path).
   returned: always
   type: bool
@@ -312,16 +342,19 @@ started:
   returned: always
   type: bool
 node_drift:
+  version_added: "0.2.0"
   description: Passed device nodes whose major:minor in the running container differs from the host's.
   returned: when they differ
   type: list
   elements: dict
   sample: [{"path": "/dev/nvidia-uvm", "host": "508:0", "container": "509:0"}]
 restart_reason:
+  version_added: "0.2.0"
   description: Why the container needs (or got) a restart although its config did not change.
   returned: when RV(node_drift) is returned
   type: str
 lock:
+  version_added: "0.2.0"
   description: The container's lock (C(lock:) value, or C(flock) for PVE's held config lock), reported by a run with
     nothing to change.
   returned: when locked and nothing changed
@@ -356,6 +389,7 @@ def argument_spec():
         dev_mode=dict(type="str", default="0666"),
         dev_uid=dict(type="int"),
         dev_gid=dict(type="int"),
+        bind_mount=dict(type="dict", options=dict(host_path=dict(type="str", required=True), mp=dict(type="str", required=True))),
         remove_other_method=dict(type="bool", default=True),
         writer=dict(type="str", default="auto", choices=["auto", "pct", "api", "file"]),
         restart=dict(type="bool", default=False),

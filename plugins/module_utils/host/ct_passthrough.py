@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import ct_mounts as cm
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import lxc_config as lc
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.device_nodes import made_at_boot
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import proxmox_api as pa
@@ -168,9 +169,10 @@ def run(module, p, vmid, result, warnings):
         report_lock(p, vmid, ctx["conf"], result, warnings)  # read-only: a lock is reported, not an error
     elif changed or p["restart"]:
         check_lock(ctx["conf"], vmid)  # a write or a restart: a locked CT is an error, nothing was written
+    made = host_dir(module, ctx, result)  # before the restart: PVE refuses to start without it
     if module.check_mode or not restart_for:
         result["restart_required"] = bool(restart_for)
-        result["changed"] = changed or bool(drift and p["restart"])
+        result["changed"] = changed or made or bool(drift and p["restart"])
         ensure_running(module, p, vmid, result, session, node)
         return
     if changed:
@@ -183,6 +185,7 @@ def prepare(module, p, vmid, result, warnings):
     result["config_file"] = lc.config_path(p["config_dir"], vmid)
     pve_dir = lc.is_pve_config_dir(p["config_dir"])
     gpus = check_inputs(p)
+    mount = cm.check(p.get("bind_mount"))  # refused before anything is read or written
     raw = lc.read_config(p["config_dir"], vmid)
     writer = choose_writer(p, pve_dir)
     result["writer"] = writer
@@ -192,15 +195,19 @@ def prepare(module, p, vmid, result, warnings):
     result["left_out"] = [] if p["devices"] else lc.caps_left_out(p["dev_root"])
     result["majors"] = dict((n, m) for n, m in proc_devices.items() if n.startswith("nvidia"))
     return dict(raw=raw, conf=lc.ConfigFile.parse(raw), writer=writer, needs_api=needs_api, devices=devices,
-                proc_devices=proc_devices, compute=planner(p, writer, devices, proc_devices))
+                proc_devices=proc_devices, compute=planner(p, writer, devices, proc_devices), mount=mount)
 
 
 def planner(p, writer, devices, proc_devices):
-    """compute(conf) -> (new conf, devn_set, devn_delete, plan warnings) for this writer."""
+    """compute(conf) -> (new conf, devn_set, devn_delete, plan warnings) for this writer. The bind mount (mpN) is
+    always an edit of the file (root@pam only through pct or the API; ct_mounts)."""
     plan_kw = plan_kwargs(p)
+    mount = cm.check(p.get("bind_mount"))
 
     def compute(conf):
         new = lc.ConfigFile.parse(conf.render())
+        if mount:
+            cm.plan(new, *mount)
         if writer == "file":
             plan = lc.plan_passthrough(new, devices, p["method"], proc_devices, **plan_kw)
             return new, plan.devn_set, plan.devn_delete, plan.warnings
@@ -215,6 +222,17 @@ def planner(p, writer, devices, proc_devices):
             new.set_key(key, dplan.devn_set[key])
         return new, dplan.devn_set, dplan.devn_delete, rplan.warnings
     return compute
+
+
+def host_dir(module, ctx, result):
+    """The bind mount's host directory, made when absent (owned by the CT's root); True when it was (or would be)."""
+    if not ctx["mount"]:
+        return False
+    host, mp = ctx["mount"]
+    uid, gid = cm.root_ids(ctx["conf"])
+    made = cm.ensure_host_dir(host, uid, gid, module.check_mode)
+    result["bind_mount"] = dict(host_path=host, mp=mp, owner="%d:%d" % (uid, gid), created=made)
+    return made
 
 
 def boot_warnings(p, vmid, conf, devices, devn_set, devn_delete):
@@ -285,6 +303,8 @@ def write_raw_lines(p, vmid, result, devices, proc_devices):
         check_lock(lc.ConfigFile.parse(raw2), vmid)
         new2 = lc.ConfigFile.parse(raw2)
         lc.plan_passthrough(new2, devices, p["method"], proc_devices, handle_devn=False, **plan_kwargs(p))
+        if cm.check(p.get("bind_mount")):
+            cm.plan(new2, *cm.check(p["bind_mount"]))
         if new2.render() != raw2.decode("utf-8", "surrogateescape"):
             lc.atomic_write(result["config_file"], new2.to_bytes())
     final = lc.ConfigFile.parse(lc.read_config(p["config_dir"], vmid))

@@ -112,3 +112,24 @@ def mount_entries(cfg):
 def cgroup_allow(cfg):
     """``lxc.cgroup2.devices.allow`` values (recorded, not enforced by the lab)."""
     return [v for k, v in cfg["lxc"] if k in ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")]
+
+
+def mount_points(cfg):
+    """``mpN`` entries in index order: [{"key", "volume", "mp", "ro"}]. The volume is the first field or volume=; an
+    absolute path is a bind mount (pve-container src/PVE/LXC/Config.pm:1897 classify_mountpoint). The prestart hook
+    mounts them in this order (src/lxc-pve-prestart-hook:151 foreach_volume over Config.pm:1979 valid_volume_keys)."""
+    out = []
+    for key, value in cfg["keys"].items():
+        if not re.match(r"^mp\d+$", key):
+            continue
+        ent = {"key": key, "volume": None, "mp": None, "ro": False}
+        for i, part in enumerate(value.split(",")):
+            k, sep, v = part.partition("=")
+            if not sep and i == 0:
+                k, v = "volume", part
+            if k in ("volume", "mp"):
+                ent[k] = v.strip()
+            elif k == "ro":
+                ent["ro"] = v.strip() in ("1", "true", "yes", "on")
+        out.append(ent)
+    return sorted(out, key=lambda e: int(e["key"][2:]))

@@ -35,7 +35,8 @@ A container (all paths relative to the node root ``root``, "/" on the node):
   fd links; GPU nodes only as the config passes them: ``devN:`` -> mknod with the node's
   major:minor, ``mode`` (default 0660), ``uid``/``gid`` (default 0); a devN whose path does not
   exist on the node fails the start with PVE's "Device /dev/x does not exist".
-  ``lxc.mount.entry`` lines are mounted (bind/rbind, ro, create=file|dir, optional: a missing
+  ``mpN`` bind mount points (a node directory) are mounted at their mp, before the mount entries (volumes are
+  not simulated); ``lxc.mount.entry`` lines are mounted (bind/rbind, ro, create=file|dir, optional: a missing
   source is skipped silently, as LXC does). ``lxc.cgroup2.devices.allow`` is recorded in
   ``ct/<vmid>/runtime.json`` but not enforced (no device cgroup in the lab). Containers run
   privileged: ``unprivileged: 1`` has no idmap here (uids inside are what the config says).
@@ -229,6 +230,27 @@ def _validate_devices(cfg, root):
     return out
 
 
+def _validate_mount_points(cfg, root):
+    """The mpN bind mounts (a host directory); PVE dies "directory '<path>' does not exist" when the source is missing
+    (pve-container src/PVE/LXC.pm:2300 __mountpoint_mount). Storage volumes are not simulated: said, not skipped."""
+    out = []
+    for mp in conf.mount_points(cfg):
+        if not (mp["volume"] or "").startswith("/") or (mp["volume"] or "").startswith("/dev/"):
+            raise CTError("lab: %s: only bind mount points (a host directory) are simulated, not %r"
+                          % (mp["key"], mp["volume"]))
+        if not os.path.isdir(_p(root, mp["volume"])):
+            raise CTError("directory '%s' does not exist" % mp["volume"])
+        out.append(mp)
+    return out
+
+
+def _mount_point(root, R, mp):
+    """A bind mount point at its mp (made when absent, as walk_tree_nofollow does, src/PVE/LXC.pm:2071), ro=1 read-only."""
+    target = R + "/" + mp["mp"].strip("/")
+    os.makedirs(target, exist_ok=True)
+    bind(_p(root, mp["volume"]), target, ro=mp["ro"])
+
+
 def start(vmid, root="/", netns=None, timeout=15.0):
     """Start CT ``vmid`` (``lxc-start``). Returns the init's node-visible PID.
 
@@ -243,6 +265,7 @@ def start(vmid, root="/", netns=None, timeout=15.0):
         except LookupError as e:
             raise CTError(str(e))
         devs = _validate_devices(cfg, root)
+        mps = _validate_mount_points(cfg, root)
         d = ct_dir(vmid, root)
         base = _p(root, BASE_REL)
         for sub in ("upper", "work", "root"):
@@ -258,7 +281,8 @@ def start(vmid, root="/", netns=None, timeout=15.0):
         seed = os.environ.get("KPRO_LAB_CT_SEED") or _p(root, SEED_REL)
         info = {"vmid": vmid, "hostname": conf.hostname(cfg, vmid), "devices": [dict(x[0]) for x in devs],
                 "mount_entries": [m["line"] for m in conf.mount_entries(cfg)],
-                "cgroup2_devices_allow": conf.cgroup_allow(cfg), "netns": netns}
+                "cgroup2_devices_allow": conf.cgroup_allow(cfg), "netns": netns,
+                "mount_points": [dict(m) for m in mps]}
         rfd, wfd = os.pipe()
         pid = os.fork()
         if pid == 0:  # A: unshare, fork the container's PID 1, report its PID, exit
@@ -388,6 +412,8 @@ def _container_main(vmid, root, cfg, devs, info, base, d, seed, wfd):
             os.mknod(target, ifmt | 0o600, rdev)
             os.chown(target, dev["uid"], dev["gid"])
             os.chmod(target, dev["mode"])
+        for mp in info["mount_points"]:
+            _mount_point(root, R, mp)
         for entry in conf.mount_entries(cfg):
             _mount_entry(root, R, entry)
         # /run, lab plumbing

@@ -164,6 +164,7 @@ PCT_USAGE = {
     "shutdown": "pct shutdown <vmid> [OPTIONS]", "reboot": "pct reboot <vmid> [OPTIONS]",
     "config": "pct config <vmid> [OPTIONS]", "status": "pct status <vmid> [OPTIONS]", "list": "pct list",
     "exec": "pct exec <vmid> [<extra-args>] [OPTIONS]", "unlock": "pct unlock <vmid>", "pending": "pct pending <vmid>",
+    "destroy": "pct destroy <vmid> [OPTIONS]", "create": "pct create <vmid> <ostemplate> [OPTIONS]",
 }
 
 
@@ -242,6 +243,15 @@ def pct(argv):
             return 0
         if cmd == "unlock":
             guests.ct_unlock(int(vmid))
+            return 0
+        # destroy/create: the API's destroy_vm/create_vm bodies run in the CLI (no vzdestroy/vzcreate task log)
+        if cmd == "destroy":
+            guests.ct_destroy(int(vmid))
+            return 0
+        if cmd == "create":
+            if len(pos) < 2:
+                raise Usage("400 not enough arguments\n%s" % PCT_USAGE["create"])
+            guests.ct_create(int(vmid), pos[1], opts)
             return 0
         if cmd in ("start", "stop", "shutdown", "reboot"):
             try:

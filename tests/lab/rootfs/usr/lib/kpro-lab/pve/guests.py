@@ -185,6 +185,56 @@ def ct_unlock(vmid):
         ctconf.write_config(vmid, conf)
 
 
+STOCK_TEMPLATE = "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst"  # what ct-base is (tests/lab/stock/ct.txt)
+
+
+def _ct_disk(vmid):
+    """The CT's own rootfs volume (PVE: local-zfs:subvol-<vmid>-disk-0): the overlay upper/work of ct/runtime.py."""
+    return [pve.path("var/lib/kpro-lab/ct/%s/%s" % (vmid, sub)) for sub in ("upper", "work")]
+
+
+def ct_destroy(vmid, log=None):
+    """``pct destroy`` (pve-container src/PVE/API2/LXC.pm destroy_vm :847-921): refused for a protected, locked or
+    running CT with PVE's messages; frees the volumes the CT owns (src/PVE/LXC.pm destroy_lxc_container :1023-1040:
+    rootfs and volume mpN; a bind mpN is a host directory, classify_mountpoint, and is left alone), then the config."""
+    import shutil
+    conf = ctconf.load_config(vmid)
+    if conf.get("protection"):
+        raise PVEError("can't remove CT %s - protection mode enabled" % vmid)
+    ctconf.check_lock(conf)
+    if check_running(vmid):
+        raise PVEError("unable to destroy CT %s - container is running" % vmid)
+    with ctconf.lock_config(vmid):
+        for d in _ct_disk(vmid):
+            shutil.rmtree(d, ignore_errors=True)
+        os.unlink(ctconf.config_file(vmid))
+        with labstate.modify() as st:
+            (st.get("guests") or {}).pop(str(vmid), None)
+
+
+def ct_create(vmid, ostemplate, params):
+    """``pct create <vmid> <ostemplate>`` (src/PVE/API2/LXC.pm create_vm): a VMID in use is refused with
+    pve-cluster's check_vmid_unused message (:281); ``unprivileged`` defaults to 1 (:272); ``rootfs STORAGE:SIZE``
+    allocates subvol-<vmid>-disk-0 (an empty CT disk over the template, ct-base). Only the lab's stock template
+    exists; the new CT is stopped."""
+    if ctconf.read_raw(vmid) is not None:
+        raise PVEError("CT %s already exists on node '%s'" % (vmid, pve.nodename()))
+    if ostemplate != STOCK_TEMPLATE:
+        raise PVEError("lab: the only container template here is %s (got %s)" % (STOCK_TEMPLATE, ostemplate))
+    conf = {"arch": "amd64", "ostype": "debian", "unprivileged": 1, "digest": "", "pending": {}, "snapshots": {}}
+    for key, value in params.items():
+        conf[key] = ctconf.check_type(key, value)
+    m = re.match(r"^([a-z][\w.-]*):(\d+(?:\.\d+)?)$", str(params.get("rootfs", "local-zfs:8")))
+    if not m:
+        raise PVEError("lab: rootfs must be STORAGE:SIZE_IN_GiB for a new container (got %s)" % params["rootfs"])
+    conf["rootfs"] = "%s:subvol-%s-disk-0,size=%sG" % (m.group(1), vmid, m.group(2))
+    for d in _ct_disk(vmid):
+        os.makedirs(d, exist_ok=True)
+    with ctconf.lock_config(vmid):
+        ctconf.write_config(vmid, conf)
+    _set_state(vmid, "lxc", "stopped")
+
+
 def exec_argv(vmid, argv):
     """argv that runs ``argv`` inside the CT, or None when only the placeholder exists."""
     ent = guest_state(vmid)
