@@ -89,6 +89,17 @@ HOST_PHASES = (
     ("rollback_failed", "a changed deployment failed its gate and the recorded previous one, restored, failed too"),
 )
 
+# What a verify run (gpu_verify) finds beyond the phases above (version_mismatch, gpu_memory_held, unresponsive,
+# wrong_answer...): drift from the recorded deployment and silent degradation of the GPUs.
+VERIFY_PHASES = (
+    ("deployment_drift", "the venv, the unit or the driver differs from the deployment that passed the gate, or none is recorded"),
+    ("model_files_changed", "a model file is missing or differs in size (or hash) from the pinned revision's listing"),
+    ("gpu_xid_error", "the kernel log has NVRM Xid lines: the driver reported a GPU error"),
+    ("gpu_ecc_errors", "NVML counts uncorrected ECC errors on a GPU"),
+    ("gpu_throttled", "a GPU is slowed down by heat or power (NVML throttle reasons), or is hotter than the limit"),
+    ("slow_response", "one short completion took longer than the limit, or failed"),
+)
+
 # Named differently since 0.1.0: failures the old names also covered, now named by where the start stopped and what
 # the evidence shows. For one release a renamed failure's ``former_phase`` (in the result and in facts) still carries
 # its 0.1.0 name, an alias that stays in the vocabulary with its own narrower meaning (docs/troubleshooting.md,
@@ -105,8 +116,8 @@ PHASES = tuple(name for name, _meaning in SERVE_PHASES)
 # Phases after which nothing more will happen for this launch.
 TERMINAL_PHASES = frozenset(p for p in PHASES if p not in ("loading",))
 # The whole vocabulary: phase -> its one-line meaning.
-VOCABULARY = dict(SERVE_PHASES + HOST_PHASES)
-ALL_PHASES = PHASES + tuple(name for name, _meaning in HOST_PHASES)
+VOCABULARY = dict(SERVE_PHASES + HOST_PHASES + VERIFY_PHASES)
+ALL_PHASES = PHASES + tuple(name for name, _meaning in HOST_PHASES + VERIFY_PHASES)
 
 
 class Failure(Exception):

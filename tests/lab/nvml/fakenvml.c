@@ -71,6 +71,7 @@ struct fakedev {
   unsigned long long mem_total, mem_reserved, mem_used;
   unsigned int pci_device_id, pci_subsys_id, minor, persistence_mode;
   unsigned int temp, util_gpu, util_mem, power_mw, power_limit_mw, fan, pstate; int cc_major, cc_minor;
+  unsigned long long throttle_reasons, ecc_corrected, ecc_uncorrected;
   unsigned int nproc; struct fakeproc procs[MAXPROC];
 };
 typedef struct fakedev *nvmlDevice_t;
@@ -133,6 +134,9 @@ static void set(const char *k, const char *v) {
     else if (!strcmp(f, "power_limit_mw")) d->power_limit_mw = (unsigned)atoi(v);
     else if (!strcmp(f, "fan")) d->fan = (unsigned)atoi(v);
     else if (!strcmp(f, "pstate")) d->pstate = (unsigned)atoi(v);
+    else if (!strcmp(f, "throttle_reasons")) d->throttle_reasons = strtoull(v, 0, 0);
+    else if (!strcmp(f, "ecc_corrected")) d->ecc_corrected = strtoull(v, 0, 0);
+    else if (!strcmp(f, "ecc_uncorrected")) d->ecc_uncorrected = strtoull(v, 0, 0);
     else if (!strcmp(f, "nproc")) { d->nproc = (unsigned)atoi(v); if (d->nproc > MAXPROC) d->nproc = MAXPROC; }
     else if (!strcmp(f, "cc")) sscanf(v, "%d.%d", &d->cc_major, &d->cc_minor);
   }
@@ -312,6 +316,22 @@ nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t d, int *a) { NEED_INIT; DEV
 nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t d, int *a) { NEED_INIT; DEV_OK(d); ARG(a); *a = 0; return NVML_SUCCESS; }
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *cur, unsigned int *pend) {
   (void)cur; (void)pend; NEED_INIT; DEV_OK(d); return NVML_ERROR_NOT_SUPPORTED;  /* A6000: no MIG */
+}
+
+/* Health (nvidia-ml-py 13.615 pynvml.py: nvmlDeviceGetCurrentClocksThrottleReasons(handle) passes one unsigned long long*,
+ * nvmlDeviceGetCurrentClocksEventReasons its newer name; nvmlDeviceGetTotalEccErrors(handle, errorType, counterType)
+ * with NVML_MEMORY_ERROR_TYPE_CORRECTED 0 / UNCORRECTED 1 and NVML_VOLATILE_ECC 0 / NVML_AGGREGATE_ECC 1). The lab keeps
+ * one count per error type for both counters; the state's throttle_reasons is the nvmlClocksThrottleReason* bitmask. */
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t d, unsigned long long *r) {
+  NEED_INIT; DEV_OK(d); ARG(r); *r = d->throttle_reasons; return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *r) {
+  return nvmlDeviceGetCurrentClocksThrottleReasons(d, r);
+}
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int errorType, int counterType, unsigned long long *n) {
+  NEED_INIT; DEV_OK(d); ARG(n);
+  if ((errorType != 0 && errorType != 1) || (counterType != 0 && counterType != 1)) return NVML_ERROR_INVALID_ARGUMENT;
+  *n = errorType ? d->ecc_uncorrected : d->ecc_corrected; return NVML_SUCCESS;
 }
 
 /* Running processes: the first call with a too small buffer reports the count. */

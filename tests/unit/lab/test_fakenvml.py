@@ -115,6 +115,37 @@ def test_driver_loaded_two_a6000(tmp_path, nvbuild):
     assert out["by_uuid"] == 1 and out["by_bus"] == 1
 
 
+HEALTH = """
+pynvml.nvmlInit()
+out['gpus'] = []
+for i in range(pynvml.nvmlDeviceGetCount()):
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    out['gpus'].append({
+        'temp': pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+        'throttle': pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h),
+        'events': pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
+        'ecc': [pynvml.nvmlDeviceGetTotalEccErrors(h, t, c) for t in (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED) for c in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC)],
+    })
+pynvml.nvmlShutdown()
+"""
+
+
+def test_health_counters_throttle_reasons_and_ecc(tmp_path, nvbuild):
+    """gpu_verify's health check reads these: an idle GPU throttles for GpuIdle only; a drill sets thermal slowdown and ECC."""
+    lib = Lib(tmp_path, nvbuild)
+    st = loaded_state(procs=[{"pid": 81234, "name": "python3", "used_mib": 44000}])
+    st["gpus"][1].update(throttle_reasons=0x40, ecc_corrected=3, ecc_uncorrected=2, temp_c=91)
+    lib.render(st)
+    out = lib.py(HEALTH)
+    assert "error" not in out, out
+    g0, g1 = out["gpus"]
+    assert (g0["temp"], g0["throttle"], g0["ecc"]) == (46, 0, [0, 0, 0, 0])
+    assert (g1["temp"], g1["throttle"], g1["events"], g1["ecc"]) == (91, 0x40, 0x40, [3, 3, 2, 2])
+    lib.render(loaded_state())
+    assert [g["throttle"] for g in lib.py(HEALTH)["gpus"]] == [1, 1]   # idle: nvmlClocksThrottleReasonGpuIdle
+
+
 def test_only_gpus_bound_to_nvidia_are_seen(tmp_path, nvbuild):
     st = loaded_state()
     st["pci"]["devices"]["0000:01:00.0"]["driver"] = "vfio-pci"

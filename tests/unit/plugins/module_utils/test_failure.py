@@ -85,6 +85,12 @@ PHASE_TESTS = {
     "device_nodes_unit_not_ready": U + "test_reboot_check.py::test_phase_device_nodes_unit_not_ready",
     "ct_passthrough_unresolvable": U + "test_reboot_check.py::test_phase_ct_passthrough_unresolvable",
     "guest_takes_gpus_at_boot": U + "test_reboot_check.py::test_phase_guest_takes_gpus_at_boot",
+    "deployment_drift": U + "test_verify.py::test_phase_deployment_drift_of_the_venv_and_the_unit",
+    "model_files_changed": U + "test_verify.py::test_phase_model_files_changed_by_size_and_by_hash",
+    "gpu_xid_error": U + "test_verify.py::test_phase_gpu_xid_error_from_the_kernel_log",
+    "gpu_ecc_errors": U + "test_verify.py::test_phase_gpu_ecc_errors_and_gpu_throttled",
+    "gpu_throttled": U + "test_verify.py::test_phase_gpu_ecc_errors_and_gpu_throttled",
+    "slow_response": U + "test_verify.py::test_phase_slow_response_and_the_live_server",
 }
 
 

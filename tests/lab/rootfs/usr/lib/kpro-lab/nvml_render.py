@@ -119,6 +119,10 @@ def render_text(state):
             pfx + "fan=%d" % int(gpu.get("fan", 30)),
             pfx + "pstate=%d" % (2 if procs else 8),
             pfx + "cc=%s" % gpu.get("compute_capability", "8.6"),
+            # nvmlClocksThrottleReason* bits: an idle GPU reports GpuIdle (0x1), a busy one none unless a drill sets them
+            pfx + "throttle_reasons=%d" % int(gpu.get("throttle_reasons", 0 if procs else 1)),
+            pfx + "ecc_corrected=%d" % int(gpu.get("ecc_corrected", 0)),
+            pfx + "ecc_uncorrected=%d" % int(gpu.get("ecc_uncorrected", 0)),
             pfx + "nproc=%d" % len(procs),
         ]
         for j, proc in enumerate(procs):
