@@ -32,6 +32,14 @@ description:
     files in flight), so an operator can watch a long download that runs under C(async)."
   - "A branch or tag in O(revision) is resolved to its commit, reported in RV(resolved_revision), and warned about:
     pin the commit sha so that every host gets the same bytes."
+  - "Sources (O(sources), tried in order per file): a peer's model directory over SSH, a mirror directory, the hub.
+    Trust stays in one place: every file, whatever its source, is checked against the size and checksum of the hub's
+    listing for the pinned commit (or of O(manifest)) before it is moved into place; a peer is never asked for hashes.
+    A file that does not verify is fetched again from the next source; a transfer cut short continues from the next
+    source at the same byte. RV(bytes_by_source) says how many bytes came from each."
+  - "A peer is read with the target's OpenSSH client (C(ssh)): the SGLang venv has no paramiko, and OpenSSH
+    multiplexing gives one handshake per peer (a ControlMaster in a private directory, closed at the end) and a cheap
+    channel per file. Host keys are checked against O(ssh_known_hosts_file) only (no trust on first use)."
   - Needs the Python library C(huggingface_hub) on the target when the hub must be contacted (the SGLang venv has
     it; set C(ansible_python_interpreter) to that venv's python).
 author:
@@ -57,6 +65,7 @@ options:
     type: path
     required: true
   root:
+    version_added: "0.2.0"
     description:
       - "The models' root. O(local_dir)'s real path (symlinks resolved on the target) must lie under this directory's
         real path, and never under a system directory (C(/etc), C(/usr), C(/lib*), C(/run), ...): a model directory
@@ -78,6 +87,7 @@ options:
         stays there for the whole run. Use O(token_file)."
     type: str
   token_file:
+    version_added: "0.2.0"
     description:
       - A file on the target holding the token; the module reads it and removes it as it starts, so with C(async)
         the token is on the target's disk only until the job starts (the role writes it to C(/run), a tmpfs, through
@@ -119,6 +129,7 @@ options:
     description: Where the progress JSON is written. Default C(<local_dir>/.cache/kpro-progress.json).
     type: path
   verify_full:
+    version_added: "0.2.0"
     description:
       - "Hash every file again, ignoring the checksums remembered from earlier runs (implies O(verify)). Slow: it reads
         the whole model. The remembered checksums are already void for a file whose size, inode, mtime or ctime
@@ -126,6 +137,7 @@ options:
     type: bool
     default: false
   lock_timeout:
+    version_added: "0.2.0"
     description:
       - "One download per O(local_dir): a run takes C(<local_dir>/.cache/kpro-hf/download.lock) (C(flock), the holder's
         PID in it) before it looks at any file, and waits while another live process holds it (an earlier run whose
@@ -135,6 +147,7 @@ options:
     type: int
     default: 14400
   keep_revision:
+    version_added: "0.2.0"
     description:
       - "The model revision of the last deployment that passed the gate (the role reads it from the deployment record of
         M(kpro.gpu_serving.sglang_deployment)); V(\"\") = none. When it differs from the downloaded O(revision), its files
@@ -148,6 +161,7 @@ options:
     type: str
     default: ""
   deployment_unit:
+    version_added: "0.2.0"
     description:
       - "The SGLang unit (for example V(sglang.service)) whose deployment record (M(kpro.gpu_serving.sglang_deployment),
         in its default C(state_dir)) names the last good model revision, used as O(keep_revision). Read here on the
@@ -156,6 +170,7 @@ options:
     type: str
     default: ""
   job:
+    version_added: "0.2.0"
     description:
       - "Watch mode. The C(results_file) of an C(async) run of this module (C(poll=0)); nothing is downloaded. Returns
         the job's result once it finished (and removes the job file), else C(finished=false) while a live process holds
@@ -163,6 +178,42 @@ options:
         the lock (after a 30 s start grace): a download killed with its wrapper (OOM killer, container restart) is
         noticed at the next poll instead of at the C(async) timeout."
     type: path
+  sources:
+    description:
+      - "Where the files come from, tried in order for each file (a source that lacks a file, or has it with another
+        size, is skipped for it). V({type: hub}): the hub (O(endpoint)). V({type: mirror, path: DIR}): a directory on the
+        target laid out as the model directory (an NFS mount, a copy on another disk). V({type: peer, ssh: USER@HOST,
+        path: DIR, port: 22, vmid: N, bwlimit: 0}): another machine's model directory over SSH; with C(vmid) the remote
+        commands run as C(pct exec N --) on that Proxmox host (a peer container); C(bwlimit) caps the bytes per second
+        read from that peer, all its files together (0 = none), so a host still serving keeps its link."
+      - "The peer's listing is read once (C(find DIR -type f)), each file with C(tail -c +OFFSET), so a partial file
+        resumes. Sizes and checksums come from the hub's listing or O(manifest), never from a peer or mirror. An
+        unreachable peer is warned about and serves nothing. In check mode no peer is contacted."
+    type: list
+    elements: dict
+    default: [{type: hub}]
+    version_added: "0.3.0"
+  manifest:
+    description:
+      - "The files of O(revision) as the operator pinned them (a list of V({path, size, sha256}) or V({path, size, oid}),
+        oid being the git blob sha1 of a file not in LFS), used instead of the hub's listing: the hub is then asked for
+        no metadata (a fully offline site). O(revision) must be a commit sha. Checked before anything is written."
+    type: list
+    elements: dict
+    version_added: "0.3.0"
+  ssh_key_file:
+    description:
+      - "A file on the target holding the private key for the peers (required with a peer). As O(token_file): the module
+        moves it into its own private 0600 file (in a 0700 directory under C(/run)) and removes this file as it starts;
+        the private copy is removed when the run ends. The key's text is scrubbed from every message."
+    type: path
+    version_added: "0.3.0"
+  ssh_known_hosts_file:
+    description:
+      - "The known_hosts file that the peers' host keys are checked against (required with a peer;
+        C(StrictHostKeyChecking=yes): a peer whose key is not in it is refused)."
+    type: path
+    version_added: "0.3.0"
 attributes:
   check_mode:
     support: full
@@ -202,6 +253,23 @@ EXAMPLES = r"""
   async: 14400
   poll: 30
   register: model
+
+# The model from the old host's container first (kpro6's CT 131, through its Proxmox host), the hub for anything
+# it lacks or that does not verify. The role writes the key to ssh_key_file through the module's stdin, as the token.
+- name: Copy the model from a peer, then the hub
+  kpro.gpu_serving.hf_model:
+    repo_id: Qwen/Qwen3.6-27B
+    revision: 6f3a9c1e2b7d4085a1c9e3f7b2d6a4c8e0f1b3d5
+    local_dir: /srv/models/Qwen3.6-27B
+    token_file: /run/kpro-hf-token
+    sources:
+      - {type: peer, ssh: root@10.213.5.3, vmid: 131, path: /srv/models/Qwen3.6-27B, bwlimit: 0}
+      - {type: hub}
+    ssh_key_file: /run/kpro-model-peer-key
+    ssh_known_hosts_file: /etc/kpro/model_peers_known_hosts
+  register: model
+- ansible.builtin.debug:
+    msg: "{{ model.bytes_by_source }}"
 
 - name: Against the lab's hub, resolving a branch (warns; pin the reported sha afterwards)
   kpro.gpu_serving.hf_model:
@@ -245,7 +313,7 @@ bytes_needed:
   returned: always
   type: int
 bytes_downloaded:
-  description: Bytes received from the hub by this run (0 when the model was complete).
+  description: Bytes received by this run, from all sources (0 when the model was complete); see RV(bytes_by_source).
   returned: always
   type: int
 free_bytes:
@@ -270,6 +338,26 @@ resumed:
   returned: always
   type: list
   elements: str
+bytes_by_source:
+  description: Bytes written by this run from each source (its label, e.g. C(hub), C(mirror:/mnt/m), C(peer:root@10.213.5.3:131:/srv/models/Q)).
+  returned: always (empty in check mode)
+  type: dict
+  sample: {"peer:root@10.213.5.3:131:/srv/models/Qwen3.6-27B": 55600000000}
+  version_added: "0.3.0"
+files_by_source:
+  description: The repository paths fetched by this run, by the label of the source that served them.
+  returned: always (empty in check mode)
+  type: dict
+  version_added: "0.3.0"
+fallbacks:
+  description:
+    - "Each file that one source did not deliver: C(path), C(from) and C(to) (source labels), C(reason) (C(mismatch): its
+      bytes did not match the listing, fetched again from byte 0; C(transport): the transfer failed, the next source
+      continued at the same byte) and C(error). Each is also warned about."
+  returned: always
+  type: list
+  elements: dict
+  version_added: "0.3.0"
 offline:
   description: True when completeness was decided from the cached listing without contacting the hub.
   returned: always
@@ -279,6 +367,7 @@ progress_file:
   returned: always
   type: str
 previous_revision:
+  version_added: "0.2.0"
   description:
     - "What happens to the revision of O(keep_revision): C(action) (C(none): nothing to keep; C(kept): kept already;
       C(keep): kept now; C(remove): not enough disk for both, its replaced files removed before the download;
@@ -290,6 +379,7 @@ previous_revision:
   sample: {action: keep, previous: 0123456789abcdef0123456789abcdef01234567, reclaim: 1073741824,
            message: "previous model revision 0123... is kept beside 89ab... (...): a rollback can use it"}
 restored_from_kept:
+  version_added: "0.2.0"
   description:
     - Repository paths brought back from the kept copy of O(revision) (C(<local_dir>/.cache/kpro-revisions/<commit>/),
       a revision kept for a rollback and asked for again), as hard links, instead of being downloaded (in check mode,
@@ -299,10 +389,12 @@ restored_from_kept:
   type: list
   elements: str
 finished:
+  version_added: "0.2.0"
   description: In watch mode (O(job)), false while the background download still runs.
   returned: in watch mode
   type: bool
 progress:
+  version_added: "0.2.0"
   description:
     - In watch mode while the download runs, one line of progress (bytes, percent, rate, files, time left). The callback
       C(kpro.gpu_serving.progress) prints it on each poll at default verbosity.
@@ -318,6 +410,7 @@ from ansible.module_utils.basic import AnsibleModule, env_fallback
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import deployment as dp
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf_download as hd
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import model_sources as ms
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.common import names
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure, fail as failure_fail
 
@@ -345,18 +438,19 @@ def main():
             keep_revision=dict(type="str", default=""),
             deployment_unit=dict(type="str", default=""),
             job=dict(type="path"),
+            sources=dict(type="list", elements="dict", default=[{"type": "hub"}]), manifest=dict(type="list", elements="dict"),
+            ssh_key_file=dict(type="path"), ssh_known_hosts_file=dict(type="path"),
         ),
         mutually_exclusive=[("token", "token_file"), ("keep_revision", "deployment_unit")],
         supports_check_mode=True,
     )
     p = module.params
-    local_dir, lock = p["local_dir"], None
+    local_dir, lock, identity = p["local_dir"], None, None
     try:
-        # first: the token file must not outlive this process, whatever fails next
+        # first: the token and key files must not outlive this process, whatever fails next
         token = hf.read_token_file(p["token_file"]) if p["token_file"] and not p["job"] else (p["token"] or None)
-        bad = hf.check_local_dir(p["local_dir"]) or ("max_workers must be at least 1" if p["max_workers"] < 1 else None)
-        if bad:
-            raise Failure("model_input", bad)
+        identity = ms.SshIdentity.take(p)
+        ms.require_valid(p, module.check_mode)  # before anything is written: local_dir, sources, manifest, ssh options
         # before anything is read or written: the record's file is named after the unit, the model goes to local_dir
         wrong = (names.unit_name_problem(p["deployment_unit"], "deployment_unit") if p["deployment_unit"] else None) or (
             names.model_dir_problem(p["local_dir"], p["root"]))
@@ -369,12 +463,8 @@ def main():
         if p["job"]:
             result = hd.watch(module, p, local_dir, progress_file)
         else:
-            if not module.check_mode:
-                lock = hf.DirLock(local_dir)
-                waited = lock.acquire(p["lock_timeout"])
-                if waited >= 1:
-                    module.warn("waited %d s for another download into %s to end" % (waited, local_dir))
-            result = hd.run(module, p, token, local_dir, progress_file)
+            lock = hd.lock(module, local_dir, p["lock_timeout"])
+            result = hd.run(module, p, token, local_dir, progress_file, identity)
     except Failure as f:
         failure_fail(module, f, path=local_dir)
     else:
@@ -382,6 +472,8 @@ def main():
     finally:
         if lock is not None:
             lock.release()
+        if identity is not None:
+            identity.cleanup()
 
 
 if __name__ == "__main__":

@@ -49,10 +49,10 @@ def flat(out):
 
 
 def readme_pveum_commands():
-    """The commands of the README's block under "The API token's privileges", as an operator copies them."""
+    """The commands of the README's block under "The API token", as an operator copies them."""
     with open(README) as f:
         text = f.read()
-    block = text.split("**The API token's privileges.**", 1)[1].split("\n\n")[1]
+    block = text.split("**The API token.**", 1)[1].split("\n\n")[1]
     cmds = [line.strip() for line in block.splitlines() if line.strip()]
     assert cmds and all(c.startswith("pveum ") for c in cmds), block
     return cmds

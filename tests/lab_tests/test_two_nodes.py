@@ -9,13 +9,19 @@ d. one model over both nodes (-e @inventories/lab-two-nodes/two-node-server.yml:
    dist_init_addr on CT 129's address), --tags serve: starts and passes the gate on both (NVML on both nodes, the
    endpoint on rank 0);
 e. rank 1 never arrives (the stand-in's drill init_failed_before_gpu on kpro7: its scheduler dies before it joins):
-   rank 0's gate diagnoses peer_missing.
+   rank 0's gate diagnoses peer_missing;
+f. the model from the peer (-e @inventories/lab-two-nodes/model-from-peer.yml, issue 32): CT 129's model removed, the
+   model stage copies it from CT 131 (ssh to kpro7, pct exec 131), the hub sees only metadata; a shard on the peer with
+   the same size and other bytes comes from the hub alone; the peer's link cut mid-copy fails the run, keeps what
+   arrived, and the re-run fetches only the rest from the peer.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import urllib.request
 import re
 import subprocess
 import time
@@ -27,6 +33,9 @@ from test_gpu_host_stage import ANSIBLE_PLAYBOOK, PLAYBOOK, recap
 
 INV = os.path.join(REPO, "inventories", "lab-two-nodes", "hosts.yml")
 TWO_NODE_SERVER = os.path.join(REPO, "inventories", "lab-two-nodes", "two-node-server.yml")
+FROM_PEER = os.path.join(REPO, "inventories", "lab-two-nodes", "model-from-peer.yml")
+MODEL = "/srv/models/Qwen3.6-27B"
+HUB = "http://10.213.5.1:18602"
 HOSTS = ("kpro5", "ct129", "kpro7", "ct131")
 CT = {"kpro5": "129", "kpro7": "131"}
 GATE = "Gate the launch until it really serves"
@@ -112,7 +121,10 @@ def two_nodes():
     r = labctl("reset", "--nodes", "2", check=False)
     assert r.returncode == 0, r.stderr + r.stdout
     print("up --nodes 2: %.0fs" % (time.time() - t0))
-    runs = {"converge": play("-e", "kpro_rollout_serial=1")}
+    hub_files(clear=True)
+    # the containers copy the model from each other before the hub (issue 32): the first unit's peer has nothing yet
+    runs = {"converge": play("-e", "kpro_rollout_serial=1", "-e", "@" + FROM_PEER)}
+    runs["converge_hub_files"] = hub_files(sent=True)
     yield runs
     labctl("down")  # both nodes, and the drill files with their disks
     if was_up:  # leave the lab as found: the one-node lab up
@@ -136,6 +148,12 @@ def test_rolling_run_converges_both_units_each_gated_before_the_next(two_nodes):
     assert health("kpro5") == "200" and health("kpro7") == "200"
     for node in ("kpro5", "kpro7"):  # each node's server holds its own GPUs' memory
         assert all(g["processes"] for g in node_state(node)["gpus"]), node
+    # one host downloaded from the hub (the first; its peer had nothing yet), the second copied from the first
+    flat = " ".join(out.split())
+    assert re.search(r"bytes by source: peer:root@10\.213\.5\.2:129:/srv/models/Qwen3\.6-27B=\d+[;\s'\"]", flat), out[-6000:]
+    assert re.search(r"bytes by source: hub=\d+[;\s'\"]", flat), out[-6000:]
+    names = [p.split("?")[0].rsplit("/", 1)[-1] for p in two_nodes["converge_hub_files"]]
+    assert names and len(names) == len(set(names)), names  # each file's bytes sent once: to one host
 
 
 def test_second_unit_fails_first_keeps_serving(two_nodes):
@@ -162,6 +180,119 @@ def test_rerun_after_restoring_changes_nothing(two_nodes):
     for host in HOSTS:
         assert recap(r.stdout, host)["changed"] == 0, (host, r.stdout[-3000:])
     assert health("kpro5") == "200" and health("kpro7") == "200"
+
+
+def hub_files(clear=False, sent=False):
+    """The hub's file requests (HEAD or GET of /resolve/, the CDN's) since the last clear, as their paths; ``sent``:
+    only those that sent file bytes."""
+    with urllib.request.urlopen(HUB + "/_log" + ("?clear=true" if clear else ""), timeout=10) as r:
+        log = json.loads(r.read().decode())
+    return sorted(e["path"] for e in log if ("/resolve/" in e["path"] or "/_cdn/" in e["path"] or e.get("svc") == "cdn")
+                  and (e["bytes"] or not sent))
+
+
+def model_result(out):
+    """hf_model's bytes per source, from the background download's result (the wait task's JSON, the last one of a -v
+    run: the check-mode probe before it reports none)."""
+    found = re.findall(r'"bytes_by_source": (\{[^}]*\})', out)
+    assert found, out[-4000:]
+    return json.loads(found[-1])
+
+
+def model_stage(*extra, wait=True):
+    """The model stage alone on CT 129 with the peer before the hub; results as JSON lines (-v) for the assertions."""
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+    argv = [ANSIBLE_PLAYBOOK, "-i", INV, PLAYBOOK, "--tags", "model", "--skip-tags", "preflight", "--limit", "kpro5,ct129",
+            "-v", "-e", "@" + FROM_PEER] + list(extra)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    if not wait:
+        return proc
+    t0 = time.time()
+    out = proc.communicate()[0]
+    print("model stage %s: rc %d, %.0fs" % (" ".join(extra), proc.returncode, time.time() - t0))
+    return subprocess.CompletedProcess(argv, proc.returncode, out)
+
+
+def shard_of_peer(name, data=None):
+    """Read (or write) a shard of CT 131's model, from kpro7's node with pct exec."""
+    path = os.path.join(MODEL, name)
+    if data is None:
+        r = labctl("--node", "kpro7", "exec", "--", "pct", "exec", "131", "--", "base64", "-w0", path)
+        return base64.b64decode(r.stdout)
+    r = subprocess.run([os.path.join(REPO, ".venv", "bin", "python"), os.path.join(REPO, "tests", "lab", "labctl.py"),
+                        "--node", "kpro7", "exec", "--", "pct", "exec", "131", "--", "dd", "of=" + path, "conv=notrunc",
+                        "status=none"], input=data, check=True)
+    return r
+
+
+def test_model_from_the_peer_hub_sees_only_metadata(two_nodes):
+    files = [f for f in in_ct("kpro7", "ls", MODEL).stdout.split() if f.endswith(".safetensors")]
+    total = int(in_ct("kpro7", "sh", "-c", "cat %s/*.safetensors | wc -c" % MODEL).stdout.split()[0])
+    assert in_ct("kpro5", "rm", "-rf", MODEL).returncode == 0
+    hub_files(clear=True)
+    r = model_stage()
+    assert r.returncode == 0, r.stdout[-4000:]
+    by_source = model_result(r.stdout)
+    assert hub_files(sent=True) == [], "the hub served file bytes"  # its listing and a HEAD at most: metadata
+    assert set(by_source) == {"peer:root@10.213.5.3:131:%s" % MODEL} and sum(by_source.values()) >= total, by_source
+    # every file verified against the hub's listing: the model is complete on the next check, offline
+    again = model_stage()
+    assert recap(again.stdout, "ct129")["changed"] == 0 and hub_files(sent=True) == [], again.stdout[-3000:]
+    two_nodes["shards"] = sorted(files)
+
+
+def test_a_corrupt_peer_file_comes_from_the_hub_alone(two_nodes):
+    name = two_nodes["shards"][0]
+    good = shard_of_peer(name)
+    bad = bytearray(good)
+    bad[-4096:] = bytes(b ^ 0xFF for b in bad[-4096:])  # the same size, other bytes (past the header)
+    shard_of_peer(name, bytes(bad))
+    try:
+        assert in_ct("kpro5", "rm", "-f", os.path.join(MODEL, name)).returncode == 0
+        hub_files(clear=True)
+        r = model_stage()
+    finally:
+        shard_of_peer(name, good)
+    assert r.returncode == 0, r.stdout[-4000:]
+    sent = hub_files(sent=True)
+    assert len(sent) == 1 and (sent[0].endswith("/" + name) or "/_cdn/" in sent[0]), sent  # that file alone, once
+    assert "differs from the hub" in r.stdout or "sha256 mismatch" in r.stdout, r.stdout[-4000:]
+    assert sum(model_result(r.stdout).values()) >= len(good)
+
+
+def test_a_peer_cut_mid_copy_keeps_what_arrived_and_the_rerun_fetches_the_rest(two_nodes):
+    assert in_ct("kpro5", "rm", "-rf", MODEL).returncode == 0
+    only_peer = '{"model_sources": [{"type": "peer", "group": "gpu_containers"}]}'
+    proc = model_stage("-e", only_peer, "-e", "model_peer_bwlimit=1000000", wait=False)
+    progress = os.path.join(REPO, "tests", "lab", ".run", "ct", "129", "upper", MODEL.lstrip("/"), ".cache",
+                            "kpro-progress.json")
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # some bytes are in: cut the peer's link (kpro7's own veth, in its netns)
+            try:
+                with open(progress) as f:
+                    if json.load(f).get("bytes_done", 0) >= 3000000:
+                        break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        subprocess.run(["ip", "netns", "exec", "kpgs-kpro7", "ip", "link", "set", "kpgs7n", "down"], check=True)
+        out = proc.communicate(timeout=240)[0]
+    finally:
+        subprocess.run(["ip", "netns", "exec", "kpgs-kpro7", "ip", "link", "set", "kpgs7n", "up"], check=False)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "download_failed" in out, out[-4000:]
+    # what arrived is kept: the files done (and any partial file) stay; the re-run fetches only the rest. (SSH's channel
+    # window lets the peer send ahead of the bwlimit's pace, so a file in flight may still complete from what was
+    # buffered; a partial file's resume from its offset is in tests/unit/plugins/modules/test_hf_model_sources.py.)
+    kept = in_ct("kpro5", "sh", "-c", "ls %s/*.safetensors 2>/dev/null | wc -l" % MODEL).stdout.strip()
+    assert 0 < int(kept) < len(two_nodes["shards"]), out[-3000:]
+    r = model_stage("-e", only_peer)
+    assert r.returncode == 0, r.stdout[-4000:]
+    total = int(re.findall(r'"bytes_total": (\d+)', r.stdout)[-1])
+    assert 0 < sum(model_result(r.stdout).values()) < total, r.stdout[-3000:]
 
 
 def test_one_model_over_two_nodes(two_nodes):

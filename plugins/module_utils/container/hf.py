@@ -69,6 +69,10 @@ class HfFatal(HfError):
     """A failure that a retry cannot fix (HTTP 4xx, disk full)."""
 
 
+class HfMismatch(HfError):
+    """The bytes of a source are not the listed file (size or hash): the partial file is removed, never resumed."""
+
+
 # ---------------------------------------------------------------------------------------------------------
 # pure helpers
 # ---------------------------------------------------------------------------------------------------------
@@ -341,19 +345,24 @@ def check_local_dir(raw):
     return None
 
 
-def read_token_file(path):
-    """The token in ``path``, which is removed at once: the secret stays on the target only until the job starts."""
+def take_secret_file(path, option, phase):
+    """The bytes of ``path``, which is removed at once, read or not: the secret stays on the target only until the job
+    starts (token_file, ssh_key_file)."""
     try:
-        with open(path) as f:
-            token = f.read().strip()
+        with open(path, "rb") as f:
+            return f.read()
     except OSError as e:
-        raise Failure("model_token", "cannot read token_file %s: %s" % (path, e.strerror),
-                      "write the token to the file just before the task (the role does this); a token file is "
-                      "removed by the run that reads it", [path])
+        raise Failure(phase, "cannot read %s %s: %s" % (option, path, e.strerror),
+                      "write it to the file just before the task (the role does this); the file is removed by the run "
+                      "that reads it", [path])
     finally:
         with contextlib.suppress(OSError):
             os.unlink(path)
-    return token or None
+
+
+def read_token_file(path):
+    """The token in ``path`` (removed at once)."""
+    return take_secret_file(path, "token_file", "model_token").decode("utf-8", "replace").strip() or None
 
 
 class DirLock(object):
@@ -477,10 +486,14 @@ def progress_line(prog):
         prog.get("files_done") or 0, prog.get("files_total") or 0, (", about %d s left" % eta) if eta is not None else "")
 
 
-def scrub(text, secret):
-    if not secret or text is None:
+def scrub(text, *secrets):
+    """``text`` without the secrets (the token; the ssh key: a list of its whole text and its lines)."""
+    if text is None:
         return text
-    return str(text).replace(secret, "********")
+    flat = [s for x in secrets for s in (x if isinstance(x, (list, tuple)) else [x]) if s]
+    for secret in sorted(flat, key=len, reverse=True):
+        text = str(text).replace(secret, "********")
+    return text
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -523,9 +536,12 @@ class Progress(object):
             self.data["bytes_done"] += n
             self.data["bytes_downloaded"] += n
 
-    def restart_file(self, path, lost):
+    def restart_file(self, path, lost=None):
+        """``lost`` bytes of ``path`` are to be fetched again (None: all counted so far)."""
         with self.lock:
             cur = self.data["current"].get(path)
+            if lost is None:
+                lost = cur[0] if cur is not None else 0
             if cur is not None:
                 cur[0] -= lost
             self.data["bytes_done"] -= lost
@@ -635,83 +651,97 @@ class HubClient(object):
                 r.close()
 
 
-def download_one(client, repo_id, commit, local_dir, entry, progress, verify=True, retries=3, backoff=1.0):
-    """Download (or finish) one file into its incomplete file, verify it, move it into place. Returns a marker or None."""
+def download_one(sources, local_dir, commit, entry, progress, verify=True, retries=3, backoff=1.0):
+    """Fetch (or finish) one file from the first source that has it, verify it, move it into place.
+
+    Sources only deliver bytes (model_sources.py); the size and the hash come from the listing (the Hub's or the
+    manifest) and are checked here, one place for all sources. A mismatch removes the partial file and the next source
+    starts from byte 0; a transport error keeps it and the next source continues from its end (the whole file's hash
+    still decides). The last source's error is the file's. Returns ``{marker, source, bytes: {label: n}, fallbacks}``."""
     final = os.path.join(local_dir, safe_relpath(entry["path"]))
     part = incomplete_path(local_dir, entry["path"])
     for d in (os.path.dirname(final), os.path.dirname(part)):
-        if not os.path.isdir(d):
-            os.makedirs(d, exist_ok=True)
-    size = entry["size"]
+        os.makedirs(d, exist_ok=True)
     algo, digest = expected_digest(entry) if verify else (None, None)
+    usable = [s for s in sources if s.has(entry)]
+    if not usable:
+        raise HfError("%s: no source has it with the listed %d bytes (%s)" % (
+            entry["path"], entry["size"], ", ".join(s.label for s in sources)))
+    out = {"marker": None, "source": None, "bytes": {}, "fallbacks": []}
+    progress.file_start(entry["path"], _part_size(part, entry["size"]), entry["size"])
+    for i, src in enumerate(usable):
+        try:
+            hasher = _fill(src, part, entry, algo, progress, retries, backoff, out["bytes"])
+            out["marker"] = _publish(local_dir, entry, commit, part, final, hasher if algo is not None else None, digest)
+            out["source"] = src.label
+            return out
+        except HfError as e:
+            e.partial = out  # what moved before the failure: the run's totals count it
+            if isinstance(e, HfFatal):
+                raise
+            if isinstance(e, HfMismatch):
+                with contextlib.suppress(OSError):
+                    os.unlink(part)
+                progress.restart_file(entry["path"])
+            if i + 1 == len(usable):
+                raise
+            out["fallbacks"].append({"path": entry["path"], "from": src.label, "to": usable[i + 1].label,
+                                     "reason": "mismatch" if isinstance(e, HfMismatch) else "transport", "error": str(e)})
+    return out  # pragma: no cover - the loop returns or raises
+
+
+def _part_size(part, size):
     have = os.path.getsize(part) if os.path.exists(part) else 0
     if have > size:
         os.unlink(part)
         have = 0
+    return have
+
+
+def _fill(src, part, entry, algo, progress, retries, backoff, tally):
+    """Append ``src``'s bytes to the partial file up to the listed size (resuming, retrying a stall); its hasher."""
+    path, size = entry["path"], entry["size"]
+    have = _part_size(part, size)
     hasher = hash_file(part, algo, size) if have else Hasher(algo, size)
-    progress.file_start(entry["path"], have, size)
-    location, same_origin = client.file_location(repo_id, commit, entry)
-    headers = client.headers()
-    if not same_origin:
-        for k in list(headers):
-            if k.lower() == "authorization":
-                del headers[k]  # a signed CDN URL: the token stays on the hub
     attempt = 0
     with open(part, "ab") as f:
         while have < size:
-            h = dict(headers)
-            if have:
-                h["Range"] = "bytes=%d-" % have
             got = 0
             try:
-                with client.stream(location, h) as (status, rheaders, body):
-                    if status == 416 and have:
+                with src.open(entry, have) as (start, body):
+                    if start != have:  # the source cannot resume (HTTP 200 to a Range request): start over
                         f.truncate(0)
-                        progress.restart_file(entry["path"], have)
+                        progress.restart_file(path, have)
                         have, hasher = 0, Hasher(algo, size)
-                        continue
-                    if status >= 400:
-                        cls = HfFatal if status < 500 and status not in (408, 429) else HfError
-                        raise cls("%s: GET answered HTTP %d" % (entry["path"], status))
-                    if have and status == 200:  # the server ignored Range: start over
-                        f.truncate(0)
-                        progress.restart_file(entry["path"], have)
-                        have, hasher = 0, Hasher(algo, size)
-                    elif status == 206:
-                        cr = rheaders.get("Content-Range") or ""
-                        m = re.match(r"bytes (\d+)-", cr)
-                        if not m or int(m.group(1)) != have:
-                            raise HfError("%s: asked for bytes from %d, got Content-Range %r" % (entry["path"], have, cr))
                     for chunk in body:
-                        if not chunk:
-                            continue
                         if have + len(chunk) > size:
-                            raise HfError("%s: the hub sent more than the %d bytes listed" % (entry["path"], size))
+                            raise HfMismatch("%s: %s sent more than the %d bytes listed" % (path, src.label, size))
                         f.write(chunk)
                         hasher.update(chunk)
                         have += len(chunk)
                         got += len(chunk)
-                        progress.add(entry["path"], len(chunk))
+                        progress.add(path, len(chunk))
+                        tally[src.label] = tally.get(src.label, 0) + len(chunk)
                     f.flush()
                 if have < size:
-                    raise HfError("%s: connection ended at %d of %d bytes" % (entry["path"], have, size))
+                    raise HfError("%s: %s ended at %d of %d bytes" % (path, src.label, have, size))
             except Exception as e:  # pylint: disable=broad-except
                 with contextlib.suppress(OSError):
                     f.flush()
-                if isinstance(e, HfFatal):
+                if isinstance(e, (HfFatal, HfMismatch)):
                     raise
                 if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
-                    raise HfFatal("%s: cannot write %s: %s" % (entry["path"], part, e))
+                    raise HfFatal("%s: cannot write %s: %s" % (path, part, e))
                 if got:
                     attempt = 0  # progress was made: the retry budget is per stall, as huggingface_hub does
                 attempt += 1
                 if attempt > retries:
                     if isinstance(e, HfError):
                         raise
-                    raise HfError("%s: %s: %s (stopped at %d of %d bytes; a re-run resumes from there)" % (
-                        entry["path"], type(e).__name__, e, have, size))
+                    raise HfError("%s: %s: %s: %s (stopped at %d of %d bytes; a re-run resumes from there)" % (
+                        path, src.label, type(e).__name__, e, have, size))
                 time.sleep(backoff * attempt)
-    return _publish(local_dir, entry, commit, part, final, hasher if algo is not None else None, digest)
+    return hasher
 
 
 def _publish(local_dir, entry, commit, part, final, hasher, digest):
@@ -721,14 +751,14 @@ def _publish(local_dir, entry, commit, part, final, hasher, digest):
     on_disk = os.path.getsize(part)
     if on_disk != size:  # another writer (only without the directory lock) or a changed file: never publish it
         os.unlink(part)
-        raise HfError("%s: the partial file holds %d bytes, expected %d; it was removed, re-run to fetch it again" % (
+        raise HfMismatch("%s: the partial file holds %d bytes, expected %d; it was removed, re-run to fetch it again" % (
             entry["path"], on_disk, size))
     if algo is not None:
         got_digest = hasher.hexdigest()
         if got_digest != digest:
             os.unlink(part)
-            raise HfError("%s: %s mismatch after download (expected %s, got %s); the partial file was removed, "
-                          "re-run to fetch it again" % (entry["path"], algo, digest, got_digest))
+            raise HfMismatch("%s: %s mismatch after download (expected %s, got %s); the partial file was removed, "
+                             "re-run to fetch it again" % (entry["path"], algo, digest, got_digest))
     with _hf_file_lock(local_dir, entry["path"]):
         os.replace(part, final)
     st = os.stat(final)

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import hf
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import model_sources as ms
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import model_revisions as mr
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure import Failure
 
@@ -91,9 +92,20 @@ def watch(module, p, local_dir, progress_file):
     return res
 
 
-def run(module, p, token, local_dir, progress_file):
-    """One download run (not O(job)): the listing (cached for a pinned commit), the local check, the download; returns the
-    module's result."""
+def lock(module, local_dir, timeout):
+    """The directory lock of a download run (None in check mode, which writes nothing), with a warning after a wait."""
+    if module.check_mode:
+        return None
+    held = hf.DirLock(local_dir)
+    waited = held.acquire(timeout)
+    if waited >= 1:
+        module.warn("waited %d s for another download into %s to end" % (waited, local_dir))
+    return held
+
+
+def run(module, p, token, local_dir, progress_file, identity=None):
+    """One download run (not O(job)): the listing (the manifest, or the hub's, cached for a pinned commit), the local
+    check, the download from the sources; returns the module's result."""
     endpoint = (p["endpoint"] or "https://huggingface.co").rstrip("/")
     repo_id, revision = p["repo_id"], p["revision"]
     pinned = hf.is_commit(revision)
@@ -104,11 +116,13 @@ def run(module, p, token, local_dir, progress_file):
         kw.setdefault("path", local_dir)
         if kw.get("exception") is None:
             kw.pop("exception", None)
-        raise Failure(phase, hf.scrub(msg, token), **dict((k, v) for k, v in kw.items() if not k.startswith("_")))
+        raise Failure(phase, hf.scrub(msg, *secrets), **dict((k, v) for k, v in kw.items() if not k.startswith("_")))
 
+    secrets = [token] + (identity.secrets if identity else [])
     result = {"changed": False, "pinned": pinned, "path": local_dir, "resolved_revision": revision if pinned else None,
               "bytes_downloaded": 0, "downloaded": [], "resumed": [], "offline": False, "progress_file": progress_file,
-              "_mismatch": [], "_markers_changed": False}
+              "bytes_by_source": {}, "files_by_source": {}, "fallbacks": [], "_mismatch": [], "_markers_changed": False,
+              "_secrets": secrets, "_identity": identity}
     markers = hf.load_markers(local_dir)
     commit = revision if pinned else None
     result["_prev"] = _keep_before_restore(module, p, repo_id, commit, local_dir, markers, result)
@@ -116,7 +130,12 @@ def run(module, p, token, local_dir, progress_file):
     if restored:  # the revision asked for again was kept (a rollback's): its files come back as links, nothing downloaded
         result.update(changed=True, restored_from_kept=restored, _assume=set(restored) if module.check_mode else set())
     client = None
-    entries, statuses = _offline(local_dir, repo_id, commit, p, markers, verify, result) if pinned else (None, None)
+    if p.get("manifest"):  # an offline site's pinned listing: the hub is asked for no metadata
+        entries = hf.select_entries(ms.manifest_entries(p["manifest"]), p["allow_patterns"], p["ignore_patterns"])
+        result["_listed_by"] = "the manifest's"
+        statuses = _check_local(local_dir, entries, markers, verify, result, full=p["verify_full"]) if entries else None
+    else:
+        entries, statuses = _offline(local_dir, repo_id, commit, p, markers, verify, result) if pinned else (None, None)
     if entries is None:
         if not hf.HAS_HF:
             fail(missing_required_lib("huggingface_hub") + " (the target's python must have it: point "
@@ -130,14 +149,17 @@ def run(module, p, token, local_dir, progress_file):
         except Exception as e:  # pylint: disable=broad-except
             error = (hf.hub_error(repo_id, revision, endpoint, e), traceback.format_exc())
         if error:
-            fail(error[0], exception=hf.scrub(error[1], token))
+            fail(error[0], exception=hf.scrub(error[1], *secrets))
         entries = hf.select_entries(entries, p["allow_patterns"], p["ignore_patterns"])
+        statuses = None
+    if not statuses:
         if not entries:
             fail("no file of %s@%s matches allow_patterns %s / ignore_patterns %s" % (
                 repo_id, commit, p["allow_patterns"], p["ignore_patterns"]), phase="model_input", resolved_revision=commit)
         result["_mismatch"] = []
         statuses = _check_local(local_dir, entries, markers, verify, result, full=p["verify_full"])
     result["resolved_revision"] = commit
+    result["_hub"] = lambda: client or hf.HubClient(endpoint, token=token, timeout=p["timeout"])
     return _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, markers, progress_file, result, fail)
 
 
@@ -170,14 +192,20 @@ def _apply(module, p, client, repo_id, commit, local_dir, entries, statuses, mar
         if msg:
             fail(msg + (" (%s)" % prev["message"] if prev["action"] == "no_space" else ""), phase="model_no_space", needed_bytes=pl["bytes_needed"],
                  free_bytes=free, margin_bytes=p["min_free_bytes_margin"], files=pl["files"], bytes_total=pl["bytes_total"], downloaded=[])
-        _access_check(client, repo_id, commit, pl["todo"][0], fail)
-        result["changed"] = True
-        result["downloaded"] = [e["path"] for e in pl["todo"]]
-        result["resumed"] = [e["path"] for e in pl["todo"] if statuses[e["path"]]["state"] == "partial"]
-    if not module.check_mode:
-        _act_on_previous(p, repo_id, local_dir, markers, pl, prev, result)
+    # peers are contacted (master, listing) only when something is to fetch, never in check mode; closed at the end
+    with ms.opened(p.get("sources"), result.get("_hub", lambda: client), repo_id, commit, result.get("_identity"),
+                   idle=module.check_mode or not pl["todo"]) as (sources, warnings):
+        for w in warnings:
+            module.warn(hf.scrub(w, *result.get("_secrets", ())))
         if pl["todo"]:
-            _download(module, client, repo_id, commit, local_dir, pl, statuses, markers, progress_file, result, fail)
+            _access_check(sources, repo_id, commit, pl["todo"][0], fail)
+            result["changed"] = True
+            result["downloaded"] = [e["path"] for e in pl["todo"]]
+            result["resumed"] = [e["path"] for e in pl["todo"] if statuses[e["path"]]["state"] == "partial"]
+        if not module.check_mode:
+            _act_on_previous(p, repo_id, local_dir, markers, pl, prev, result)
+            if pl["todo"]:
+                _download(module, sources, repo_id, commit, local_dir, pl, statuses, markers, progress_file, result, fail)
     if result["_markers_changed"] and not module.check_mode:
         hf.save_markers(local_dir, markers)
     result["verified"] = _count_verified(local_dir, entries, markers)
@@ -218,14 +246,33 @@ def _act_on_previous(p, repo_id, local_dir, markers, pl, prev, result):
         mr.remove(local_dir, prev["_entries"], [e["path"] for e in pl["todo"]], markers)
 
 
-def _access_check(client, repo_id, commit, entry, fail):
-    """HEAD of one file to fetch: a refused token fails here, in the check-mode probe, before anything is written."""
-    if client is None:
+def _access_check(sources, repo_id, commit, entry, fail):
+    """HEAD of one file to fetch when the hub is the first source able to serve it: a refused token fails here, in the
+    check-mode probe, before anything is written (a file a peer or mirror serves costs the hub no request)."""
+    first = next((s for s in sources if s.has(entry)), None)
+    if not isinstance(first, ms.HubSource):
         return
     try:
-        client.file_location(repo_id, commit, entry)
+        first.probe(entry)
     except Exception as e:  # pylint: disable=broad-except
-        fail(hf.hub_error(repo_id, commit, client.endpoint, e), downloaded=[])
+        fail(hf.hub_error(repo_id, commit, first.endpoint, e), downloaded=[])
+
+
+def _tally(module, result, path, got):
+    """A file's bytes in RV(bytes_by_source) (a failed one's too), its source in RV(files_by_source), its RV(fallbacks)
+    and a warning per fallback."""
+    if got is None:
+        return
+    for label, n in got["bytes"].items():
+        result["bytes_by_source"][label] = result["bytes_by_source"].get(label, 0) + n
+    if got["source"]:
+        result["files_by_source"].setdefault(got["source"], []).append(path)
+    for fb in got["fallbacks"]:
+        result["fallbacks"].append(dict((k, hf.scrub(v, *result["_secrets"])) for k, v in fb.items()))
+        what = next((w for k, w in (("sha256 mismatch", "sha256"), ("git-sha1 mismatch", "git blob sha1")) if k in fb["error"]), "size")
+        why = ("served a file whose %s differs from %s" % (what, result.get("_listed_by", "the Hub's"))
+               if fb["reason"] == "mismatch" else "failed during the transfer (%s)" % fb["error"])
+        module.warn(hf.scrub("%s: %s %s: fetched from %s" % (path, fb["from"], why, fb["to"]), *result["_secrets"]))
 
 
 def _count_verified(local_dir, entries, markers):
@@ -240,7 +287,7 @@ def _count_verified(local_dir, entries, markers):
     return n
 
 
-def _download(module, client, repo_id, commit, local_dir, pl, statuses, markers, progress_file, result, fail):
+def _download(module, sources, repo_id, commit, local_dir, pl, statuses, markers, progress_file, result, fail):
     todo = sorted(pl["todo"], key=lambda e: -(e["size"] - statuses[e["path"]]["have"]))
     progress = hf.Progress(progress_file, repo_id, commit, pl["files"], pl["bytes_total"], pl["bytes_present"])
     progress.start()
@@ -249,22 +296,23 @@ def _download(module, client, repo_id, commit, local_dir, pl, statuses, markers,
 
     def one(entry):
         try:
-            marker = hf.download_one(client, repo_id, commit, local_dir, entry, progress, verify=module.params["verify"],
-                                     retries=module.params["retries"])
+            got = hf.download_one(sources, local_dir, commit, entry, progress, verify=module.params["verify"],
+                                  retries=module.params["retries"])
             progress.file_done(entry["path"])
-            return entry["path"], marker, None
+            return entry["path"], got, None
         except Exception as e:  # pylint: disable=broad-except
             msg = hf.scrub(str(e) if isinstance(e, hf.HfError) else "%s: %s: %s" % (entry["path"], type(e).__name__, e),
-                           client.token)
+                           *result["_secrets"])
             progress.file_done(entry["path"], ok=False, error=msg)
-            return entry["path"], None, msg
+            return entry["path"], getattr(e, "partial", None), msg
 
     with ThreadPoolExecutor(max_workers=module.params["max_workers"]) as pool:
-        for path, marker, err in pool.map(one, todo):
+        for path, got, err in pool.map(one, todo):
+            _tally(module, result, path, got)
             if err:
                 errors[path] = err
-            elif marker:
-                markers[path] = marker
+            elif got["marker"]:
+                markers[path] = got["marker"]
                 result["_markers_changed"] = True
                 hf.save_markers(local_dir, markers)  # a probe during the download need not hash this file again
     hf.save_markers(local_dir, markers)
@@ -276,5 +324,6 @@ def _download(module, client, repo_id, commit, local_dir, pl, statuses, markers,
         fail("%d of %d files failed to download; the bytes already received are kept and a re-run resumes them: %s" % (
             len(errors), len(todo), "; ".join(errors[k] for k in sorted(errors))), phase="download_failed",
             errors=errors, bytes_downloaded=snap["bytes_downloaded"], bytes_total=pl["bytes_total"],
+            bytes_by_source=result["bytes_by_source"], files_by_source=result["files_by_source"], fallbacks=result["fallbacks"],
             files=pl["files"], downloaded=sorted(set(result["downloaded"]) - set(errors)))
     progress.finish("done")

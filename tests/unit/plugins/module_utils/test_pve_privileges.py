@@ -88,7 +88,7 @@ def test_readme_commands_grant_exactly_the_table():
     """The README's role has the table's privileges, on each path the table names for CT 129, for a privsep token."""
     with open(README) as f:
         text = f.read()
-    block = text.split("**The API token's privileges.**", 1)[1].split("\n\n")[1]
+    block = text.split("**The API token.**", 1)[1].split("\n\n")[1]
     cmds = [line.strip() for line in block.splitlines()]
     assert len(cmds) == 3 and all(c.startswith("pveum ") for c in cmds)
     role = re.match(r'pveum role add (\S+) --privs "([^"]+)"$', cmds[0])
