@@ -106,16 +106,19 @@ def files_holding(secret, *tops):
     return hits
 
 
-# Tests that need a serving lab run right after test_serve_safety.py, whose `serving` fixture converges once: they reuse
-# that converge instead of one each (a converge is 1-2 min). The kernel upgrade changes the node most (a new kernel,
-# Secure Boot), so it comes last; the tests after it (test_stock_host*) start from a reset node.
-AFTER_SERVE_SAFETY = ("test_rollback.py", "test_reboot.py", "test_kernel_upgrade.py")
+# The tests that need a serving lab (test_serve_safety's `serving` fixture, which converges only when the lab does not
+# serve) run as one block, in this order, where the first of them sorts: they reuse one converge instead of one each (a
+# converge is 1-2 min), as each leaves the lab serving the inventory's deployment. The kernel upgrade changes the node
+# most (a new kernel, Secure Boot), so it comes last; the test after the block (test_caps_nodes) starts from a reset node.
+SERVING = ("test_bad_inputs_serve.py", "test_broken_venv.py", "test_gpu_p2p.py", "test_paths_and_lock.py",
+           "test_reasoning_parser.py", "test_runtime_toolchain.py", "test_serve_safety.py", "test_server_options.py",
+           "test_verify.py", "test_sglang_upgrade.py", "test_rollback.py", "test_reboot.py", "test_kernel_upgrade.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
     def key(item):
         name = os.path.basename(str(item.fspath))
-        if name in AFTER_SERVE_SAFETY:
-            return ("test_serve_safety.py", 1 + AFTER_SERVE_SAFETY.index(name))
+        if name in SERVING:
+            return (SERVING[0], SERVING.index(name))
         return (name, 0)
     items.sort(key=key)  # stable: the order of the tests within a file is kept
