@@ -103,6 +103,8 @@ _BY_NAME = (
     _o("dist_timeout", "int", NONE, "how long the ranks wait for each other (torch.distributed)", None, 600,
        low=1, what="a positive number of seconds"),
     _o("enable_dp_attention", "bool", GPUS, "the replicas share their tp_size GPUs (gpus_needed)", False),
+    _o("enable_metrics", "bool", NONE, "Prometheus metrics at GET /metrics on the server's port, never behind the API key "
+       "(server_args.py:424, 4876-4880; utils/auth.py:100; 0.5.23: arg_groups/fields/observability.py:70)", False, True),
     _o("enable_torch_compile", "bool", SIZED, "no piecewise CUDA graphs, so no reserve for them (server_args.py:1207-1208)",
        False, True),
     _o("extra", "list", UNMODELLED, "verbatim arguments: the plan cannot read them"),

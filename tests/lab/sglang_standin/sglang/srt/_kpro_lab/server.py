@@ -17,7 +17,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang.srt._kpro_lab import args as sargs
-from sglang.srt._kpro_lab import generate, gpustate, multinode, reasoning, scheduler, util
+from sglang.srt._kpro_lab import generate, gpustate, metrics, multinode, reasoning, scheduler, util
 from sglang.version import __version__
 
 STARTING, UP, UNHEALTHY = "Starting", "Up", "UnHealthy"
@@ -66,6 +66,10 @@ class Main(object):
         self.template_force = reasoning.template_forces_reasoning(server_args.model_path, getattr(server_args, "chat_template", None))
         self.first_request_done = False
         self.requests_total = 0
+        # GET /metrics (--enable-metrics): rank 0's KV pool and request slots once it has started
+        self.metrics = metrics.Metrics(server_args.served_model_name, lambda: (
+            self.rank_info.get(0, {}).get("max_total_num_tokens"), self.rank_info.get(0, {}).get("max_running_requests")),
+            speculative=bool(server_args.speculative_algorithm))
         self.killing = False
         self.forwards = set()   # "forward" once a request reached the ranks, "sample" once a sampled one did
         self.forward_lock = threading.Lock()
@@ -505,10 +509,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(404, {"error": {"message": "The model '%s' does not exist" % name, "type": "invalid_request_error",
                                                   "param": "model", "code": "model_not_found"}})
             return self._send(200, self._card())
-        if path == "/metrics":
+        if path == "/metrics" or path.startswith("/metrics/"):
+            # mounted only with --enable-metrics (0.5.11 entrypoints/http_server.py:303-305); else FastAPI's 404
             if not a.enable_metrics:
                 return self._send(404, {"detail": "Not Found"})
-            return self._send(200, self._metrics(), ctype="text/plain; version=0.0.4; charset=utf-8")
+            return self._send(200, m.metrics.render(1.05 if m.degenerate else 3.12), ctype="text/plain; version=0.0.4; charset=utf-8")
         if path in ("/get_load", "/v1/loads"):
             return self._send(200, [{"num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0, "dp_rank": 0}])
         if path in ("/generate", "/v1/completions", "/v1/chat/completions"):
@@ -519,22 +524,6 @@ class _Handler(BaseHTTPRequestHandler):
         a = self.m.a
         return {"id": a.served_model_name, "object": "model", "created": self.m.created, "owned_by": "sglang",
                 "root": a.served_model_name, "parent": None, "max_model_len": a.context_length}
-
-    def _metrics(self):
-        a, m = self.m.a, self.m
-        r0 = m.rank_info.get(0, {})
-        lab = 'model_name="%s",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"' % a.served_model_name
-        lines = [
-            "# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.",
-            "# TYPE sglang:max_total_num_tokens gauge",
-            "sglang:max_total_num_tokens{%s} %s" % (lab, float(r0.get("max_total_num_tokens") or 0)),
-            "# TYPE sglang:token_usage gauge", "sglang:token_usage{%s} 0.0" % lab,
-            "# TYPE sglang:num_running_reqs gauge", "sglang:num_running_reqs{%s} 0.0" % lab,
-            "# TYPE sglang:num_requests_total counter", 'sglang:num_requests_total{model_name="%s"} %s' % (a.served_model_name, float(m.requests_total)),
-        ]
-        if a.speculative_algorithm:
-            lines += ["# TYPE sglang:spec_accept_length gauge", "sglang:spec_accept_length{%s} %s" % (lab, 1.0 if m.degenerate else 3.12)]
-        return "\n".join(lines) + "\n"
 
     def do_PUT(self):
         return self.do_POST()
@@ -565,10 +554,12 @@ class _Handler(BaseHTTPRequestHandler):
             return self._generate(body)
         return self._openai(path, body)
 
-    def _produce(self, prompt, max_tokens, completion, think=False):
+    def _produce(self, prompt, max_tokens, completion, think=False, extra=0):
         """(generated text, prompt tokens, completion tokens, hit max_tokens); ``think``: a thinking model's chat answer
-        (the thinking, ``</think>``, the answer: reasoning.generated), max_tokens counting the thinking too."""
+        (the thinking, ``</think>``, the answer: reasoning.generated), max_tokens counting the thinking too; ``extra``:
+        the earlier messages' prompt tokens."""
         m = self.m
+        t0 = time.time()
         prompt_tokens = count_tokens(prompt) + (0 if completion else 9)
         if prompt_tokens >= (m.rank_info.get(0, {}).get("max_req_input_len") or 1 << 30):
             return None
@@ -584,13 +575,19 @@ class _Handler(BaseHTTPRequestHandler):
         util.log("Prefill batch, #new-seq: 1, #new-token: %d, #cached-token: 0, full token usage: 0.00, %s#running-req: 0, #queue-req: 0, "
                  "input throughput (token/s): %.2f, cuda graph: False" % (prompt_tokens, "mamba usage: 0.00, " if hybrid else "", prompt_tokens * 25.0),
                  prefix)
-        util.sleep(0.02 + 0.004 * ctoks)
+        rid = uuid.uuid4().hex
+        m.metrics.prefill(rid, prompt_tokens + extra)
+        util.sleep(0.02)        # the prefill, up to the first token
+        ttft = time.time() - t0
+        util.sleep(0.004 * ctoks)
         if ctoks >= 40:
+            m.metrics.decode(rid, prompt_tokens + extra + ctoks, ctoks / max(time.time() - t0 - ttft, 1e-3))
             spec = ("accept len: %.2f, accept rate: %.2f, " % ((1.05, 0.26) if m.degenerate else (3.12, 0.78))) if m.a.speculative_algorithm else ""
             util.log("Decode batch, #running-req: 1, #full token: %d, full token usage: 0.00, %s%scuda graph: True, gen throughput (token/s): 41.87, "
                      "#queue-req: 0" % (prompt_tokens + ctoks, "mamba num: 1, mamba usage: 0.01, " if hybrid else "", spec), prefix)
         m.first_request_done = True
-        return text, prompt_tokens, ctoks, hit_len
+        m.metrics.finish(rid, prompt_tokens + extra, ctoks, ttft, time.time() - t0)
+        return text, prompt_tokens + extra, ctoks, hit_len
 
     def _spec_meta(self, ctoks):
         if not self.m.a.speculative_algorithm:
@@ -640,11 +637,10 @@ class _Handler(BaseHTTPRequestHandler):
             extra = 0
         # a thinking model thinks unless the chat template is told not to (reasoning.py: Qwen3.6's template)
         think = chat and reasoning.thinks(self.m.facts.arch) and reasoning.thinking_on(reasoning.template_kwargs(body))
-        r = self._produce(prompt, max_tokens, not chat, think=think)
+        r = self._produce(prompt, max_tokens, not chat, think=think, extra=extra)
         if r is None:
             return self._too_long()
         text, pt, ct, hit_len = r
-        pt += extra
         finish = "length" if hit_len else "stop"
         wrong = "wrong_answer_tp" in self.modes
         logprobs = None
