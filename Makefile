@@ -135,6 +135,7 @@ bench: setup
 	$(BIN)/python tests/bench/bench_gate.py --runs 5
 	$(LABLOCK) $(BIN)/python tests/bench/bench_noop.py --runs 3
 	$(LABLOCK) $(BIN)/python tests/bench/bench_pct.py --runs 3
+	$(LABLOCK) $(BIN)/python tests/bench/bench_peer.py
 
 # Regenerate the SGLang lock for the container (real index): make sglang-lock SGLANG_VERSION=0.5.11 PYVER=3.11
 sglang-lock: setup
