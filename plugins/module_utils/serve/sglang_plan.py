@@ -37,6 +37,7 @@ import json
 import math
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_options
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_plan_versions as pv
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_rules as rules
 
 MIB = 1 << 20
@@ -284,8 +285,9 @@ def _speculative_defaults(o, geo, notes):
         notes.append("Max running requests is reset to 48 for speculative decoding")
 
 
-def resolve_options(options, geo, environment=None):
-    """SGLang's own defaults and rewrites applied to the options (what server_args= would show).
+def resolve_options(options, geo, environment=None, version=pv.BASE):
+    """SGLang's own defaults and rewrites applied to the options (what server_args= would show), with the rules of
+    release ``version`` (sglang_plan_versions.resolve).
 
     mem_fraction_static stays None when not given: plan() fills in SGLang's default for the card.
     """
@@ -297,6 +299,7 @@ def resolve_options(options, geo, environment=None):
     notes = []
     spec = o.get("speculative_algorithm")
     o["_spec_given"] = str(spec).upper() if spec else None
+    o["_mrr_given"] = given.get("max_running_requests")
     if spec:
         spec = str(spec).upper()
         if spec == "NEXTN":
@@ -311,7 +314,7 @@ def resolve_options(options, geo, environment=None):
     if int(o.get("pp_size") or 1) > 1:
         o["disable_overlap_schedule"] = True            # server_args.py:3175-3180 (_handle_pipeline_parallelism)
     if o.get("mamba_scheduler_strategy") in (None, "auto"):
-        o["mamba_scheduler_strategy"] = "no_buffer"     # server_args.py:1079-1082
+        o["mamba_scheduler_strategy"] = _auto_strategy(o, geo, version)
     if o.get("context_length") is None:
         o["context_length"] = geo.get("max_position_embeddings")
     ssm, conv, dnotes = rules.mamba_state_dtypes(o, geo.get("mamba_ssm_dtype"), environment)
@@ -319,6 +322,15 @@ def resolve_options(options, geo, environment=None):
     notes.extend(dnotes if geo.get("linear_attention_layers") else [])
     o["_notes"] = notes
     return o
+
+
+def _auto_strategy(o, geo, version):
+    """What "auto" becomes: no_buffer in 0.5.11 (server_args.py:1079-1082); from 0.5.14 extra_buffer for the radix cache
+    with the overlap scheduler on, on a hybrid model extra_buffer serves (sglang_plan_versions.SINCE)."""
+    if (pv.has(version, "mamba_auto_extra_buffer") and not o["disable_radix_cache"] and not o.get("disable_overlap_schedule")
+            and geo.get("architecture") in pv.EXTRA_BUFFER_ARCHS):
+        return "extra_buffer"
+    return "no_buffer"
 
 
 def _as_list(v):
@@ -422,7 +434,8 @@ def _per_gpu(b):
 
 def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None, gpu_free_mib=None, environment=None,
          sglang_version=None):
-    """Plan whether a launch fits, per GPU, with SGLang 0.5.11's rules and formula.
+    """Plan whether a launch fits, per GPU, with SGLang 0.5.11's rules and formula, keyed by ``sglang_version`` where a
+    later release changed one (sglang_plan_versions).
 
     config: config.json (dict or path); index: model.safetensors.index.json (dict, path, or total bytes);
     options: dict of the option table's "sized" rows by SGLang's names (tp_size or tp, pp_size, context_length,
@@ -432,7 +445,8 @@ def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None,
     gpu_baseline_mib: per-GPU memory already used before the launch (subtracted);
     gpu_free_mib: measured free memory per GPU instead of total - baseline;
     environment: the server's environment (SGLANG_MAMBA_SSM_DTYPE, SGLANG_MAMBA_CONV_DTYPE, SGLANG_ENABLE_SPEC_V2);
-    sglang_version: the installed SGLang, whose flags the remedies name (sglang_options.flag; None: 0.5.11's).
+    sglang_version: the installed SGLang, whose flags the remedies name (sglang_options.flag) and whose rules the plan
+      follows (None: 0.5.11's; newer than sglang_plan_versions.NEWEST: NEWEST's, with a warning saying so).
 
     Returns dict(fits, phase (None when it fits; else the diagnosis phase the launch would end in), per_gpu{total_mib,
     free_mib, static_pool_mib, reserve_mib, weights_mib, mtp_weights_mib, available_mib, rest_mib, mamba_state_mib,
@@ -444,11 +458,13 @@ def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None,
     if isinstance(config, str):
         config = load_json(config)
     geo = model_geometry(config)
-    o = resolve_options(options, geo, environment)
+    version, version_note = pv.resolve(sglang_version)
+    o = resolve_options(options, geo, environment, version)
+    o["_notes"].extend([version_note] if version_note else [])
     total_mib, free_mib = _gpu_memory(o, gpu_total_mib, gpu_baseline_mib, gpu_free_mib)
     if o.get("mem_fraction_static") is None:
         gpu_mem = min(_as_list(gpu_total_mib)) if gpu_total_mib is not None else None
-        o["mem_fraction_static"] = rules.default_mem_fraction_static(gpu_mem, o, geo) if gpu_mem else 0.88
+        o["mem_fraction_static"] = rules.default_mem_fraction_static(gpu_mem, o, geo, version) if gpu_mem else 0.88
         o["_notes"].append("mem_fraction_static not given: SGLang's default for this card is %.3f" % o["mem_fraction_static"])
     refusal = rules.startup_refusal(geo, o, environment, sglang_version)
     sized = o
@@ -478,7 +494,20 @@ def plan(config, index, options=None, gpu_total_mib=None, gpu_baseline_mib=None,
         result["node"] = _node(o)
     if refusal:
         return _refused(result, refusal, _verdict(dict(result, warnings=[]), sized, b))
-    return _verdict(result, o, b)
+    return _advisory(_verdict(result, o, b), o, version)
+
+
+def _advisory(result, o, version):
+    """From 0.5.14 SGLang sizes the KV pool with the draft model's weights and the speculative working memory counted
+    inside the mamba budget (model_runner_kv_cache_mixin.py:84-200 of that wheel), which this plan does not model yet:
+    its "does not fit" for a speculative launch is then advice, not a refusal (the gate still names a real OOM)."""
+    if result["fits"] or result["phase"] != "kv_cache_oom" or not o.get("speculative_algorithm") or not pv.has(
+            version, "no_spec_reserve"):
+        return result
+    result["advisory"] = True
+    result["warnings"].append("SGLang %s sizes the KV cache of a speculative launch in a way this plan does not model yet: its "
+                              "'does not fit' (%s) is not enforced; the gate names a real OOM" % (version, result["reason"]))
+    return result
 
 
 def _node(o):

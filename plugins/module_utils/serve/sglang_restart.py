@@ -145,8 +145,8 @@ def unreleased_refusal(over, timeout):
 
 def plan_refusal(plan):
     """The Failure of a plan that does not fit (``weights_oom`` when the weights alone do not, else ``kv_cache_oom``);
-    None when it fits."""
-    if plan is None or plan["fits"]:
+    None when it fits, or when its verdict is advice only (``advisory``: a rule the plan does not model for that release)."""
+    if plan is None or plan["fits"] or plan.get("advisory"):
         return None
     pg = plan["per_gpu"]
     # the plan names its phase (a refusal SGLang makes at startup is init_failed_before_gpu); else by what does not fit

@@ -10,6 +10,7 @@ where 0.5.9 differed. Standard library only; runs on the target's Python 3.9+.
 from __future__ import annotations
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.sglang_options import flag
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_plan_versions as pv
 
 # The memory one SGLang rank uses before its weights load (CUDA context + torch init + NCCL and the custom
 # all-reduce buffers), per GPU, counted from NVML's memory.total: free before weights = total - baseline - this.
@@ -83,8 +84,8 @@ def startup_refusal(geo, o, environment=None, version=None):
     the radix cache on, any --speculative-algorithm is refused on CUDA (2440-2456; ROCm disables the radix cache
     instead, 2443-2450). Returns dict(error, flags: [(flag, value, effect)]), the flags SGLang ``version``'s.
     """
-    if not is_mamba_radix_model(geo):
-        return None
+    if not is_mamba_radix_model(geo) or pv.has(pv.resolve(version)[0], "mamba_auto_extra_buffer"):
+        return None     # 0.5.14 dropped both ValueErrors (sglang_plan_versions.SINCE)
     strategy = str(o.get("mamba_scheduler_strategy") or "auto")
     strategy_flag = flag("mamba_scheduler_strategy", version)
     radix_off = bool(o.get("disable_radix_cache"))
@@ -183,12 +184,15 @@ def max_running_requests(token_capacity, context_len, requested, mamba_cache_siz
     return n
 
 
-def tier_defaults(gpu_mem_mib, tp):
-    """(chunked_prefill_size, cuda_graph_max_bs) by GPU memory: server_args.py:1318-1377."""
+def tier_defaults(gpu_mem_mib, tp, version=pv.BASE):
+    """(chunked_prefill_size, cuda_graph_max_bs) by GPU memory: server_args.py:1318-1377 (the 20-35 GiB tier from 0.5.20:
+    sglang_plan_versions.SINCE)."""
     g = gpu_mem_mib
     if g < 20 * 1024:
         return 2048, 8
     if g < 35 * 1024:
+        if pv.has(version, "small_tier_4k"):
+            return 4096, (48 if tp < 4 else 160)
         return 2048, (24 if tp < 4 else 80)
     if g < 60 * 1024:
         return 4096, (32 if tp < 4 else 160)
@@ -204,7 +208,7 @@ def piecewise_graph_tokens(max_tokens):
     return len([s for s in sizes if s <= max_tokens])
 
 
-def default_mem_fraction_static(gpu_mem_mib, o, geo):
+def default_mem_fraction_static(gpu_mem_mib, o, geo, version=pv.BASE):
     """SGLang 0.5.11's mem_fraction_static when none is given (server_args.py:1434-1484).
 
     reserved MiB = 512 + max(chunked_prefill_size, 2048) x 1.5 + cuda_graph_max_bs x 2 + tp x pp / 8 x 1024
@@ -212,9 +216,12 @@ def default_mem_fraction_static(gpu_mem_mib, o, geo):
     + 4096 for EAGLE/EAGLE3/NEXTN/DFLASH draft models and graphs, 6144 for STANDALONE, 0 for NGRAM (1468-1475; 0.5.9 added
     2048, 0.5.9 server_args.py:1057); mem_fraction_static = round((gpu_mem - reserved) / gpu_mem, 3), then x 0.95 x the
     ViT factor for multimodal models (1481-1482, adjust_mem_fraction_for_vlm 7137-7173, not rounded).
+    ``version`` (sglang_plan_versions.resolve) keys the tiers, the graph size cap and the draft reserve.
     """
     tp, pp = int(o.get("tp") or 1), int(o.get("pp_size") or 1)
-    chunk_d, bs_d = tier_defaults(gpu_mem_mib, tp)
+    chunk_d, bs_d = tier_defaults(gpu_mem_mib, tp, version)
+    if pv.has(version, "graph_bs_capped_by_mrr") and o.get("_mrr_given"):
+        bs_d = min(bs_d, int(o["_mrr_given"]))
     chunked = int(o.get("chunked_prefill_size") or chunk_d)
     graph_bs = int(o.get("cuda_graph_max_bs") or bs_d)
     reserved = 512.0 + max(chunked, 2048) * 1.5 + graph_bs * 2 + tp * pp / 8.0 * 1024
@@ -224,7 +231,7 @@ def default_mem_fraction_static(gpu_mem_mib, o, geo):
         reserved += piecewise_graph_tokens(min(chunked, int(o.get("max_total_tokens") or chunked))) * 8
     if gpu_mem_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
-    spec = o.get("speculative_algorithm")
+    spec = None if pv.has(version, "no_spec_reserve") else o.get("speculative_algorithm")
     if spec == "STANDALONE":
         reserved += 6 * 1024
     elif spec and spec != "NGRAM":
