@@ -15,6 +15,10 @@ description:
     findings, each C({check, phase, severity, evidence, remedy}) as a failed run's.
   - C(driver) compares the loaded kernel module (C(/proc/driver/nvidia/version)), the NVIDIA userspace here (the version
     C(libnvidia-ml.so.1) points to, and NVML's answer) and O(driver_version).
+  - C(kernels) (a Proxmox host) finds the kernels that can boot without the NVIDIA module, as the pre-reboot check
+    (M(kpro.gpu_serving.gpu_reboot_check)) does for the next boot's; C(packages) finds the O(apt_holds) and the
+    unattended-upgrades blacklist entries (O(apt_blacklist)) that are gone, and with O(installer_userspace) apt packages
+    of NVIDIA userspace.
   - C(memory) names the processes that hold GPU memory and are not in the unit's cgroup.
   - "C(health) reads NVML's temperature, throttle reasons and uncorrected ECC errors, and the C(NVRM: Xid) lines of the
     kernel log (O(kernel_log), else this boot's C(journalctl -k))."
@@ -30,8 +34,8 @@ options:
     description: The checks to run, in this order (the play runs the first three on a Proxmox host, all of them in a container).
     type: list
     elements: str
-    choices: [driver, memory, health, deployment, model, live]
-    default: [driver, memory, health, deployment, model, live]
+    choices: [driver, memory, health, kernels, packages, deployment, model, live]
+    default: [driver, memory, health, kernels, packages, deployment, model, live]
   unit:
     description: The SGLang unit (its record, cgroup and files).
     type: str
@@ -43,6 +47,23 @@ options:
   driver_version:
     description: The driver version the deployment asks for (not compared when unset).
     type: str
+  apt_holds:
+    description: Packages the deployment holds (C(apt-mark hold)); one installed and not held is a C(deployment_drift) warning.
+    type: list
+    elements: str
+    default: []
+  apt_blacklist:
+    description: The C(Unattended-Upgrade::Package-Blacklist) entries O(apt_blacklist_file) must hold where unattended-upgrades is installed.
+    type: list
+    elements: str
+    default: []
+  apt_blacklist_file:
+    description: The apt.conf.d file the deployment wrote the blacklist to.
+    type: path
+  installer_userspace:
+    description: The NVIDIA userspace here came from the .run installer (a GPU container); installed apt packages of NVIDIA userspace are an error.
+    type: bool
+    default: false
   kernel_log:
     description: A kernel log file (rsyslog's C(kern.log)); when it is missing, this boot's C(journalctl -k) is read.
     type: path
@@ -142,6 +163,7 @@ from ansible_collections.kpro.gpu_serving.plugins.module_utils.common.failure im
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import metrics_textfile as mt
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_unit as su
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import verify_run as vr
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import verify_upgrade as vu
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve.verify import CHECKS
 
 SPEC = dict(
@@ -154,6 +176,8 @@ SPEC = dict(
     host=dict(type="str", required=True), json_path=dict(type="path", default="/var/lib/kpro-gpu-serving/verify.json"),
     textfile_path=dict(type="path", default="/var/lib/prometheus/node-exporter/kpro_gpu_serving.prom"),
     fail_on_findings=dict(type="bool", default=True), journalctl=dict(type="path"),
+    apt_holds=dict(type="list", elements="str", default=[]), apt_blacklist=dict(type="list", elements="str", default=[]),
+    apt_blacklist_file=dict(type="path"), installer_userspace=dict(type="bool", default=False),
 )
 
 
@@ -169,7 +193,7 @@ def main():
     try:
         systemctl = module.get_bin_path("systemctl")
         props = su.systemctl_show(module.run_command, systemctl, p["unit"]) if systemctl else {}
-        result, json_text, prom_text = vr.run(p, module.run_command, props)
+        result, json_text, prom_text = vr.run(p, module.run_command, props, vu.run(module, p))
         mt.write(p["json_path"], json_text)
         mt.write(p["textfile_path"], prom_text)
     except OSError as e:

@@ -98,6 +98,8 @@ VERIFY_PHASES = (
     ("gpu_ecc_errors", "NVML counts uncorrected ECC errors on a GPU"),
     ("gpu_throttled", "a GPU is slowed down by heat or power (NVML throttle reasons), or is hotter than the limit"),
     ("slow_response", "one short completion took longer than the limit, or failed"),
+    ("kernel_module_missing", "a kernel that can boot (not the next boot's: next_boot_module_missing) has no NVIDIA module"),
+    ("nvidia_apt_userspace", "apt packages of NVIDIA userspace are installed where the .run installer put it: an upgrade replaces it"),
 )
 
 # Named differently since 0.1.0: failures the old names also covered, now named by where the start stopped and what

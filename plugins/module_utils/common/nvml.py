@@ -298,6 +298,10 @@ def _smi_int(value):
         return None
 
 
+# for other nvidia-smi queries (verify_gather's health): its "[N/A]" and friends are None
+smi_value, smi_int = _smi_value, _smi_int
+
+
 def _split_csv(line, nfields):
     # Only the name fields can hold a comma; nvidia-smi does not quote. Split from both ends around them.
     parts = [p.strip() for p in line.split(",")]

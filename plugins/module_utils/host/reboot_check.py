@@ -90,20 +90,21 @@ def devn_paths(conf_text):
     return paths
 
 
-def module_problems(kernel, version, fields, headers_package, headers):
-    """The next-boot kernel's module: present, of ``version``, built for ``kernel``."""
+def module_problems(kernel, version, fields, headers_package, headers, boot="next boot"):
+    """The next-boot kernel's module (``boot``: the kernel's role, in the words): present, of ``version``, built for
+    ``kernel``."""
     build = "dkms install -m nvidia -v %s -k %s" % (version, kernel)
     if not fields.get("filename"):
         if not headers:
-            return [("next_boot_module_missing", "kernel %s (next boot) has no nvidia module and no headers: %s is not "
-                     "installed, so DKMS cannot build it" % (kernel, headers_package),
+            return [("next_boot_module_missing", "kernel %s (%s) has no nvidia module and no headers: %s is not "
+                     "installed, so DKMS cannot build it" % (kernel, boot, headers_package),
                      "apt-get install %s && %s (or run the gpu_host stage)" % (headers_package, build))]
-        return [("next_boot_module_missing", "kernel %s (next boot) has no nvidia module" % kernel,
+        return [("next_boot_module_missing", "kernel %s (%s) has no nvidia module" % (kernel, boot),
                  "%s (or run the gpu_host stage)" % build)]
     problems = []
     if fields.get("version") != version:
-        problems.append(("next_boot_module_missing", "the nvidia module for kernel %s (next boot) is version %s, not %s" % (
-            kernel, fields.get("version"), version), "%s (or run the gpu_host stage)" % build))
+        problems.append(("next_boot_module_missing", "the nvidia module for kernel %s (%s) is version %s, not %s" % (
+            kernel, boot, fields.get("version"), version), "%s (or run the gpu_host stage)" % build))
     vermagic = (fields.get("vermagic") or "").split()
     if vermagic and vermagic[0] != kernel:
         problems.append(("next_boot_module_missing", "the nvidia module found for kernel %s was built for %s" % (

@@ -5,7 +5,8 @@
 
 A finding is what a failed run reports, for a run that does not stop: ``{check, phase, severity (error|warning),
 evidence, remedy}``. :data:`CHECKS` is the order the findings come in (and the metrics' ``check`` label): the driver,
-GPU memory held by others, the GPUs' health; then verify_state's deployment, model and live server checks.
+GPU memory held by others, the GPUs' health; verify_upgrade's kernels and packages (what the next boot or upgrade would
+break); then verify_state's deployment, model and live server checks.
 Standard library only; Python 3.9+.
 """
 
@@ -15,7 +16,9 @@ import re
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import sglang_restart as sr
 
-CHECKS = ("driver", "memory", "health", "deployment", "model", "live")
+CHECKS = ("driver", "memory", "health", "kernels", "packages", "deployment", "model", "live")
+# the checks against the deployment record (verify_state)
+SERVE_CHECKS = ("deployment", "model", "live")
 SEVERITIES = ("error", "warning")
 
 # nvmlClocksThrottleReason* (nvidia-ml-py pynvml.py): the bits that mean the GPU is slowed by heat or by its hardware.

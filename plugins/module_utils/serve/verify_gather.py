@@ -59,6 +59,27 @@ def nvml_health():
             pass
 
 
+# nvidia-smi's names for what nvml_health asks NVML (nvidia-smi --help-query-gpu); the mask is hex ("0x...08")
+SMI_HEALTH_ARGS = ["--query-gpu=index,temperature.gpu,clocks_throttle_reasons.active,ecc.errors.uncorrected.volatile.total",
+                   "--format=csv,noheader,nounits"]
+
+
+def smi_health(run_command, smi_path):
+    """nvml_health's list from nvidia-smi, where pynvml is not installed ([] without nvidia-smi or when it fails)."""
+    if not smi_path:
+        return []
+    code, out, _err = run_command([smi_path] + SMI_HEALTH_ARGS)
+    gpus = []
+    for line in (out or "").splitlines() if code == 0 else ():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4 and parts[0].isdigit():
+            mask = nvml.smi_value(parts[2]) or ""
+            gpus.append({"index": int(parts[0]), "temperature_c": nvml.smi_int(parts[1]),
+                         "throttle_reasons": int(mask, 16) if mask.lower().startswith("0x") else nvml.smi_int(mask),
+                         "ecc_uncorrected": nvml.smi_int(parts[3])})
+    return gpus
+
+
 def _opt(func, *args):
     try:
         return func(*args)

@@ -40,7 +40,8 @@ def gpu_findings(p, run_command, props):
         seen["gpu_processes"] = su.gpu_holders(facts, ours)
         out += v.memory(seen["gpu_processes"], ours, su.used_mib(facts), None if facts.get("available") else facts.get("msg"))
     if "health" in p["checks"]:
-        out += v.health(g.nvml_health(), g.kernel_log(p["kernel_log"], run_command, p["journalctl"]), p["max_temp_c"])
+        gpus = g.nvml_health() if nvml.pynvml is not None else g.smi_health(run_command, p.get("nvidia_smi"))
+        out += v.health(gpus, g.kernel_log(p["kernel_log"], run_command, p["journalctl"]), p["max_temp_c"])
     return out, seen
 
 
@@ -84,12 +85,12 @@ def api_key(p):
     return su.api_key_from_config(read_text(path) or "") or ""
 
 
-def run(p, run_command, props):
-    """The result: findings in check order, ok, and the JSON and textfile texts."""
-    good = dp.load(dp.record_path(p["state_dir"], p["unit"])).get("good") if set(p["checks"]) & set(v.CHECKS[3:]) else None
+def run(p, run_command, props, upgrade=()):
+    """The result: findings in check order (``upgrade``: verify_upgrade's), ok, and the JSON and textfile texts."""
+    good = dp.load(dp.record_path(p["state_dir"], p["unit"])).get("good") if set(p["checks"]) & set(v.SERVE_CHECKS) else None
     findings, seen = gpu_findings(p, run_command, props)
     more, live = serve_findings(p, good)
-    findings = sorted(findings + more, key=lambda f: v.CHECKS.index(f["check"]))
+    findings = sorted(findings + list(upgrade) + more, key=lambda f: v.CHECKS.index(f["check"]))
     now = time.time()
     answers = live.get("answers")
     gauges = {"verify_ok": v.ok(findings), "verify_timestamp_seconds": round(now, 3), "verify_findings": len(findings),

@@ -146,6 +146,28 @@ def test_health_counters_throttle_reasons_and_ecc(tmp_path, nvbuild):
     assert [g["throttle"] for g in lib.py(HEALTH)["gpus"]] == [1, 1]   # idle: nvmlClocksThrottleReasonGpuIdle
 
 
+def test_smi_health_query_answers_from_the_same_state_as_nvml(tmp_path, nvbuild):
+    """gpu_verify's health without pynvml: nvidia-smi's fields, parsed by verify_gather, give what NVML gives."""
+    from ansible_collections.kpro.gpu_serving.plugins.module_utils.serve import verify_gather as g
+    lib = Lib(tmp_path, nvbuild)
+    st = loaded_state(procs=[{"pid": 81234, "name": "python3", "used_mib": 44000}])
+    st["gpus"][1].update(throttle_reasons=0x40, ecc_uncorrected=2, temp_c=91)
+    lib.render(st)
+    r = lib.smi(*g.SMI_HEALTH_ARGS)
+    assert r.returncode == 0 and parse_csv(r.stdout) == [["0", "46", "0x0000000000000000", "0"], ["1", "91", "0x0000000000000040", "2"]]
+    r = lib.smi("--query-gpu=clocks_event_reasons.active,ecc.errors.uncorrected.volatile.total", "--format=csv")
+    assert parse_csv(r.stdout)[0] == ["clocks_event_reasons.active", "ecc.errors.uncorrected.volatile.total"]
+
+    def run(argv):
+        done = subprocess.run([sys.executable] + argv, env=lib.env(), capture_output=True, text=True, check=False)
+        return done.returncode, done.stdout, done.stderr
+    got = g.smi_health(run, SMI)
+    assert got == [{"index": 0, "temperature_c": 46, "throttle_reasons": 0, "ecc_uncorrected": 0},
+                   {"index": 1, "temperature_c": 91, "throttle_reasons": 0x40, "ecc_uncorrected": 2}]
+    nv = lib.py(HEALTH)["gpus"]
+    assert [(x["temp"], x["throttle"], x["ecc"][2]) for x in nv] == [(n["temperature_c"], n["throttle_reasons"], n["ecc_uncorrected"]) for n in got]
+
+
 def test_only_gpus_bound_to_nvidia_are_seen(tmp_path, nvbuild):
     st = loaded_state()
     st["pci"]["devices"]["0000:01:00.0"]["driver"] = "vfio-pci"

@@ -91,6 +91,8 @@ PHASE_TESTS = {
     "gpu_ecc_errors": U + "test_verify.py::test_phase_gpu_ecc_errors_and_gpu_throttled",
     "gpu_throttled": U + "test_verify.py::test_phase_gpu_ecc_errors_and_gpu_throttled",
     "slow_response": U + "test_verify.py::test_phase_slow_response_and_the_live_server",
+    "kernel_module_missing": U + "test_verify_upgrade.py::test_phase_kernel_module_missing_and_next_boot_module_missing",
+    "nvidia_apt_userspace": U + "test_verify_upgrade.py::test_phase_nvidia_apt_userspace_only_where_the_installer_put_it",
 }
 
 

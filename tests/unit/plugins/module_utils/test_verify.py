@@ -166,3 +166,21 @@ def test_the_textfile_is_replaced_whole_in_its_own_directory(tmp_path):
     mt.write(path, "b 2\n")
     assert open(path).read() == "b 2\n" and os.listdir(os.path.dirname(path)) == ["kpro_gpu_serving.prom"]
     assert oct(os.stat(path).st_mode & 0o777) == "0o644"
+
+
+def test_health_without_pynvml_reads_nvidia_smi():
+    # nvidia-smi --query-gpu=index,temperature.gpu,clocks_throttle_reasons.active,ecc.errors.uncorrected.volatile.total
+    # --format=csv,noheader,nounits: the mask in hex, "[N/A]" where ECC is off (a consumer GPU)
+    ran = []
+
+    def run(argv):
+        ran.append(argv)
+        return 0, "0, 46, 0x0000000000000001, [N/A]\n1, 91, 0x0000000000000040, 2\n", ""
+    gpus = g.smi_health(run, "/usr/bin/nvidia-smi")
+    assert ran == [["/usr/bin/nvidia-smi"] + g.SMI_HEALTH_ARGS]
+    assert gpus == [{"index": 0, "temperature_c": 46, "throttle_reasons": 1, "ecc_uncorrected": None},
+                    {"index": 1, "temperature_c": 91, "throttle_reasons": 0x40, "ecc_uncorrected": 2}]
+    assert [(f["phase"], f["evidence"][0]) for f in v.health(gpus)] == [
+        ("gpu_ecc_errors", "GPU 1: 2 uncorrected ECC errors (volatile, since the driver loaded)"), ("gpu_throttled", "GPU 1: 91 C (limit 85 C)")]
+    assert g.smi_health(lambda argv: (9, "", "NVIDIA-SMI has failed"), "/usr/bin/nvidia-smi") == []
+    assert g.smi_health(run, None) == []
