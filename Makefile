@@ -37,6 +37,14 @@ $(VENV)/.synced: requirements/dev.lock
 	@command -v shellcheck >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck; }
 # systemd-analyze: the unit tests verify rendered sglang.service files with the real systemd.
 	@command -v systemd-analyze >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd; }
+# prometheus, prometheus-node-exporter: test_verify.py runs the real binaries in the lab (lab addresses, ended by PID).
+# Their postinsts would start system services (ports 9090/9100 on this machine): a policy-rc.d refusing starts (exit 101,
+# what invoke-rc.d and deb-systemd-invoke obey) is in place for this install only, one already there is left alone, and
+# under systemd the units the postinsts enabled are disabled (--now: stopped too), so none runs now or after a reboot.
+	@command -v prometheus >/dev/null && command -v prometheus-node-exporter >/dev/null || { apt-get update -qq; \
+	  p=/usr/sbin/policy-rc.d; [ -e $$p ] || { trap 'rm -f '$$p EXIT; printf '#!/bin/sh\nexit 101\n' >$$p; chmod 755 $$p; }; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus prometheus-node-exporter; \
+	  [ ! -d /run/systemd/system ] || systemctl disable -q --now prometheus.service prometheus-node-exporter.service; }
 
 $(COLL_LINK):
 	@mkdir -p $(dir $@) && ln -sfn ../../.. $@
