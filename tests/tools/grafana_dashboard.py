@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: kpro.gpu_serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Generate docs/grafana/kpro-gpu-serving.json with Grafana's own SDK (grafana-foundation-sdk, requirements/dev.in).

@@ -3,7 +3,7 @@
 import os
 
 from conftest import lablib
-from test_pve_fake import pveroot  # noqa: F401  (fixture)
+from test_pve_fake import pveroot  # noqa: F401  pylint: disable=unused-import
 
 TEMPLATE = "local:vztmpl/debian-12-standard_12.12-1_amd64.tar.zst"
 

@@ -33,7 +33,7 @@ def test_a_group_names_every_member_but_the_host_itself_in_order():
     got = resolve([{"type": "peer", "group": "gpu_containers"}], me="ct131", bwlimit=50000000)
     assert got == [{"type": "peer", "ssh": "root@192.0.2.15", "port": 22, "path": "/srv/models/Q", "vmid": 129,
                     "bwlimit": 50000000}]
-    assert resolve([{"type": "peer", "group": "gpu_containers"}, {"type": "hub"}]) [0]["vmid"] == 131
+    assert resolve([{"type": "peer", "group": "gpu_containers"}, {"type": "hub"}])[0]["vmid"] == 131
 
 
 def test_a_plain_host_is_reached_directly_and_an_address_passes_as_given():

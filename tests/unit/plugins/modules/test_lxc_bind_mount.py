@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import ct_mounts as cm
 from ansible_collections.kpro.gpu_serving.plugins.module_utils.host import lxc_config as lc
-from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.test_lxc_gpu_passthrough import (  # noqa: F401
+from ansible_collections.kpro.gpu_serving.tests.unit.plugins.modules.test_lxc_gpu_passthrough import (  # noqa: F401  pylint: disable=unused-import
     args, assert_nothing_written, env, ok, removed_added)
 
 

@@ -570,8 +570,9 @@ def check_modify_perm(authuser, opts):
             raise perm_exc("changing the hookscript is only allowed for root@pam")
         # a bind (host path) or device mount point, set not deleted: src/PVE/LXC.pm:1665-1670 (pve-container 6.1.10)
         value = opts.get(opt) if isinstance(opts, dict) else None
-        if re.match(r"^mp\d+$", opt) and value is not None and str(value).split(",")[0].replace("volume=", "").startswith("/"):
-            kind = "device" if str(value).split(",")[0].replace("volume=", "").startswith("/dev/") else "bind"
+        source = str(value).split(",", maxsplit=1)[0].replace("volume=", "") if value is not None else ""
+        if re.match(r"^mp\d+$", opt) and source.startswith("/"):
+            kind = "device" if source.startswith("/dev/") else "bind"
             raise perm_exc("mount point type %s is only allowed for root@pam" % kind)
 
 
