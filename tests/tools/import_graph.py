@@ -24,10 +24,10 @@ PKG = "ansible_collections.kpro.gpu_serving.plugins.module_utils"
 LAYERS = ("common", "host", "container", "serve", "controller")
 ABOUT = {
     "common": "the failure type, file I/O, names, the run lock, NVML, dpkg, device nodes: what every stage uses",
-    "host": "stages 1-3 on the Proxmox host: vfio release, the driver and its kernels, boot config, the API, the container's config",
-    "container": "stages 4-6 in the container: the compatibility table, the runtime toolchain, the Hub and the model's files",
-    "serve": "stage 7: the options, the unit, the memory plan, the launch, the log's diagnosis, the gate, the output's judges",
-    "controller": "on the controller only: the inventory check, the rollout plan, the API token's privileges",
+    "host": "stages 1-3 on the Proxmox host: vfio release, the driver and its kernels, boot config, the API, the container's config and mounts",
+    "container": "stages 4-6 in the container: the compatibility table, the runtime toolchain, the model's sources (Hub, peer, mirror) and files",
+    "serve": "stage 7: the options, the unit, the memory plan, the launch, the log's diagnosis, the gate, the output's judges, the read-only verify run",
+    "controller": "on the controller only: the inventory check, the rollout plan, the API token's privileges, the model's peers",
 }
 
 
