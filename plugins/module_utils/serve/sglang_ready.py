@@ -76,7 +76,8 @@ GATE_REQUIRED_ONE_OF = [("unit", "pid"), ("log_path", "log_dir")]
 GATE_MUTUALLY_EXCLUSIVE = [("unit", "pid")]
 # what sglang_service's look may set: the launch's own (unit, log, launch id, key, plan, timeout) come from the converge
 LOOK_KEYS = ("base_url", "served_model_name", "http_timeout", "probe_prompt", "probe_max_tokens", "probe_timeout", "stall_timeout",
-             "expected_probe_regex", "known_answer_checks", "chat_template_kwargs", "sglang_version", "model_dir", "node_rank")
+             "expected_probe_regex", "known_answer_checks", "chat_template_kwargs", "sglang_version", "model_dir", "node_rank",
+             "unresponsive_after")
 
 
 def http(method, url, api_key=None, body=None, timeout=5.0):
