@@ -1,10 +1,13 @@
 """Issue 33 in the lab: the read-only verify run (playbooks/verify.yml, gpu_verify) on the converged lab reports nothing and
-changes nothing; then six drifts at once (a stranger holding GPU memory in CT 129, a truncated shard of its model, an Xid
-line in the node's kernel log, a server answering wrong, a kernel installed without headers, the kernel meta package's
-hold gone) give exactly their six findings, each with its phase and remedy,
-in the JSON result and in the node_exporter textfile. One verify run per state (two in all): make test is near its budget.
+changes nothing (changed=0, and both disks byte-identical but for its own result files and the logs of the requests it
+made); then six drifts at once (a stranger holding GPU memory in CT 129, a truncated shard of its model, a server that
+answers wrong after a restart, an Xid line in the node's kernel log, a kernel installed without headers, the kernel meta
+package's hold gone) give exactly their six findings, each with its phase and remedy, in the JSON result and in the
+node_exporter textfile; then the NVIDIA userspace in CT 129 bumped without the module gives version_mismatch (NVML
+refuses, so the memory check says it could not look). One verify run per state (three in all): make test is near its
+budget.
 
-Runs after test_serve_safety.py (conftest.py AFTER_SERVE_SAFETY) and reuses its converge (the ``serving`` fixture).
+Runs in conftest.py's SERVING block and reuses its converge (the ``serving`` fixture).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, RUN
 import labctl as labproc  # tests/lab/labctl.py (conftest puts tests/lab on the path): its PID records
-from test_gpu_host_stage import recap
+from test_gpu_host_stage import disk_digest, recap
 from test_gpu_p2p import drill
-from test_serve_safety import ct, serving  # noqa: F401  pylint: disable=unused-import
+from test_serve_safety import ask, ct, serving  # noqa: F401  pylint: disable=unused-import
 
 CT_UPPER = os.path.join(RUN, "ct", "129", "upper")
 NODE_UPPER = os.path.join(RUN, "kpro5", "upper")
@@ -39,6 +42,13 @@ XID = "2026-12-05T10:00:00+00:00 kpro5 kernel: NVRM: Xid (PCI:0000:17:00): 79, p
 # other test's; and the kernel meta package the gpu_host stage holds
 BARE = {"pve8": "6.8.12-13-pve", "pve9": "6.17.13-5-pve"}[os.environ.get("KPGS_LAB_RELEASE") or "pve8"]
 HELD = "proxmox-default-kernel"
+# the container's NVML as an apt or unattended upgrade would leave it: libnvidia-ml.so.1 pointing at another version
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+BUMPED = "580.142.01"
+# what a clean verify run may change on the disks: its own results, the logs of the requests it makes (the known
+# answers, one timed request) and of the lab's fakes, and Ansible's remote temporary files (an earlier run's background
+# gate removes its own when its job ends)
+MAY_CHANGE = (JSON, PROM, "var/log/", "var/lib/kpro-lab/", "root/.ansible/tmp/")
 STRANGER = ("from sglang.srt._kpro_lab import gpustate; gpustate.set_usage(0, 64, 'python3'); import time; time.sleep(900)")
 
 
@@ -65,9 +75,28 @@ def metric_findings(fams):
     return sorted((s.labels["check"], s.labels["phase"]) for s in fam.samples) if fam else []
 
 
+def changed_files(before, after):
+    """Paths added, removed or with other bytes between two disk_digest()s, less what a verify run may change."""
+    paths = set(before) | set(after)
+    return sorted(p for p in paths if before.get(p) != after.get(p) and not p.startswith(MAY_CHANGE))
+
+
+def restart_answering_wrong(lab):
+    """The server restarted with the stand-in's wrong-answer drill (sglang #22779: /health 200 after a restart, the
+    answers wrong), once it serves again."""
+    drill("wrong_answer_tp")
+    ct(lab, "systemctl", "restart", "sglang.service")
+    t0 = time.time()
+    while ask(lab)[0] != "200":
+        assert time.time() - t0 < 90, "the server did not come back after its restart"
+        time.sleep(1)
+
+
 def test_verify_reports_nothing_on_the_converged_lab_then_each_drift_its_finding(serving):
     lab, t_start = serving, time.time()
+    before = (disk_digest(), disk_digest(CT_UPPER))
     r = verify()
+    assert changed_files(before[0], disk_digest()) == [] and changed_files(before[1], disk_digest(CT_UPPER)) == []
     assert recap(r.stdout, "kpro5") == dict(recap(r.stdout, "kpro5"), changed=0, failed=0), r.stdout[-4000:]
     assert recap(r.stdout, "ct129") == dict(recap(r.stdout, "ct129"), changed=0, failed=0), r.stdout[-4000:]
     for upper, host in ((NODE_UPPER, "kpro5"), (CT_UPPER, "ct129")):
@@ -86,14 +115,15 @@ def test_verify_reports_nothing_on_the_converged_lab_then_each_drift_its_finding
     size = int(ct(lab, "stat", "-c", "%s", shard).stdout)
     had_kern_log = lab.sh("test -e /var/log/kern.log", check=False).returncode == 0
     stranger = None
+    lib = ct(lab, "readlink", "%s/libnvidia-ml.so.1" % LIBDIR).stdout.strip()
     try:
+        restart_answering_wrong(lab)
         ct(lab, "truncate", "-s", str(size - 1), shard)
         # a kernel installed without its headers (no module for the next boot), and the hold gone
         assert lab.labctl("publish-kernel", BARE, "--no-headers").returncode == 0
         lab.sh("apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
                "proxmox-kernel-%s >/dev/null 2>&1 && apt-mark unhold %s" % (BARE, HELD))
         lab.sh("echo %s >> /var/log/kern.log" % subprocess.list2cmdline([XID]))
-        drill("wrong_answer_tp")
         stranger = ct(lab, "sh", "-c", "setsid %s -c \"%s\" >/dev/null 2>/root/stranger.err </dev/null & echo $!"
                       % (VENV_PY, STRANGER)).stdout.strip()
         t0 = time.time()
@@ -126,11 +156,23 @@ def test_verify_reports_nothing_on_the_converged_lab_then_each_drift_its_finding
         assert fams["kpro_gpu_serving_verify_ok"].samples[0].value == 0 and fams["kpro_gpu_serving_known_answer_ok"].samples[0].value == 0
         # the failed task names the first error's phase
         assert "gpu_memory_held: verify found 3 finding(s), the first error in check memory" in out, out[-4000:]
+        # the container's NVIDIA userspace bumped without the module (an apt upgrade): NVML refuses, as the real one does
+        # (NVML_ERROR_LIB_RM_VERSION_MISMATCH), so the memory check says it could not look
+        ct(lab, "sh", "-c", "cd %s && cp -p %s libnvidia-ml.so.%s && ln -sfn libnvidia-ml.so.%s libnvidia-ml.so.1" % (
+            LIBDIR, lib, BUMPED, BUMPED))
+        r = verify("--limit", "ct129")
+        data, fams = result(CT_UPPER)
+        assert recap(r.stdout, "ct129")["failed"] == 1 and recap(r.stdout, "ct129")["changed"] == 0, r.stdout[-3000:]
+        assert (data["findings"][0]["check"], data["findings"][0]["phase"]) == ("driver", "version_mismatch"), data["findings"]
+        assert "userspace: libnvidia-ml %s" % BUMPED in data["findings"][0]["evidence"], data["findings"][0]
+        assert ("memory", "nvml_unavailable", "warning") in [(f["check"], f["phase"], f["severity"]) for f in data["findings"]]
+        assert ("driver", "version_mismatch") in metric_findings(fams)
     finally:
         if stranger:
             ct(lab, "kill", stranger, check=False)
             ct(lab, VENV_PY, "-m", "sglang.srt._kpro_lab.gpustate", "reap", check=False)
         drill(None)
+        ct(lab, "sh", "-c", "cd %s && ln -sfn %s libnvidia-ml.so.1 && rm -f libnvidia-ml.so.%s" % (LIBDIR, lib, BUMPED), check=False)
         ct(lab, "cp", "-p", "/root/verify-shard.bak", shard, check=False)
         ct(lab, "rm", "-f", "/root/verify-shard.bak", check=False)
         lab.sh("sed -i '/NVRM: Xid/d' /var/log/kern.log" if had_kern_log else "rm -f /var/log/kern.log", check=False)
