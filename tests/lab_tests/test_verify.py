@@ -176,8 +176,9 @@ def test_verify_reports_nothing_on_the_converged_lab_then_each_drift_its_finding
         ct(lab, "cp", "-p", "/root/verify-shard.bak", shard, check=False)
         ct(lab, "rm", "-f", "/root/verify-shard.bak", check=False)
         lab.sh("sed -i '/NVRM: Xid/d' /var/log/kern.log" if had_kern_log else "rm -f /var/log/kern.log", check=False)
-        lab.sh("apt-mark hold %s; DEBIAN_FRONTEND=noninteractive apt-get purge -y -q proxmox-kernel-%s >/dev/null 2>&1"
-               % (HELD, BARE), check=False)
+        # the kernel first, while the drill's unhold holds (a held meta package would stop its removal), then the hold back
+        lab.sh("DEBIAN_FRONTEND=noninteractive apt-get purge -y -q proxmox-kernel-%s >/dev/null 2>&1; apt-mark hold %s"
+               % (BARE, HELD), check=False)
         lab.labctl("unpublish-kernel", BARE, check=False)
     print("test_verify wall time: %.0fs" % (time.time() - t_start))
 
