@@ -82,14 +82,18 @@ units-b: setup
 # tests run on 2.21 only. About 2 min; pytest's exit 5 (nothing collected) fails it like any other.
 CORE_MINORS := 2.20
 CORE_UNITS := tests/unit/plugins/module_utils
-.build/core-%/.synced: requirements/core-%.lock $(VENV)/.synced
-	@[ -x .build/core-$*/bin/python ] || uv venv -q -p "$(PYTHON)" .build/core-$*
-	VIRTUAL_ENV=.build/core-$* uv pip sync -q --require-hashes $<
+# The ansible-core venvs live outside the checkout: what they install (ansible-core's own tools) is not the collection's
+# code, and the tree's scans must not read it. One per minor, shared by the clones of this machine (uv syncs it to the
+# lock each time).
+CORE_ROOT ?= $(HOME)/.cache/kpro-gpu-serving/ansible-core
+$(CORE_ROOT)-%/.synced: requirements/core-%.lock $(VENV)/.synced
+	@[ -x $(CORE_ROOT)-$*/bin/python ] || uv venv -q -p "$(PYTHON)" $(CORE_ROOT)-$*
+	VIRTUAL_ENV=$(CORE_ROOT)-$* uv pip sync -q --require-hashes $<
 	@touch $@
 
-core-matrix: $(foreach m,$(CORE_MINORS),.build/core-$(m)/.synced) $(COLL_LINK)
-	for m in $(CORE_MINORS); do .build/core-$$m/bin/python tests/tools/plugin_docs.py; \
-	  .build/core-$$m/bin/python -m pytest -q $(CORE_UNITS); done
+core-matrix: $(foreach m,$(CORE_MINORS),$(CORE_ROOT)-$(m)/.synced) $(COLL_LINK)
+	for m in $(CORE_MINORS); do $(CORE_ROOT)-$$m/bin/python tests/tools/plugin_docs.py; \
+	  $(CORE_ROOT)-$$m/bin/python -m pytest -q $(CORE_UNITS); done
 
 static: setup
 	tests/tools/sanity.sh
@@ -157,4 +161,4 @@ ee-context: setup
 	ansible-builder create -f meta/execution-environment.yml -c .build/ee --output-filename Containerfile
 
 clean: lab-down
-	rm -rf .build $(VENV) .collections
+	rm -rf .build $(VENV) .collections $(foreach m,$(CORE_MINORS),$(CORE_ROOT)-$(m))
