@@ -12,7 +12,10 @@ the path, computed once here. A peer given by address (``ssh``, ``path``, option
 
 from __future__ import annotations
 
-KEYS = {"hub": set(), "mirror": {"path"}, "peer": {"host", "group", "ssh", "path", "vmid", "port", "bwlimit"}}
+from ansible_collections.kpro.gpu_serving.plugins.module_utils.container import model_sources
+
+# hf_model's keys per source type (one table), and a peer may be named by inventory host or group here
+KEYS = dict((t, (keys - {"type"}) | ({"host", "group"} if t == "peer" else set())) for t, keys in model_sources.KEYS.items())
 
 
 def resolve(sources, hostvars, groups, me, bwlimit=0):
