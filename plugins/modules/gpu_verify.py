@@ -25,8 +25,8 @@ description:
   - C(deployment) compares the venv's lock and SGLang version with the deployment record (M(kpro.gpu_serving.sglang_deployment))
     and the unit's files with those of the server's launch; C(model) the model files with the revision's listing hf_model
     kept (sizes; hashes with O(verify_hashes)); C(live) asks C(/health), the known-answer checks and one short completion.
-  - Writes the result to O(json_path) and O(textfile_path) (atomically, also in check mode). They are this run's output,
-    not a change of the system, so the module always reports C(changed=false).
+  - Writes the result to O(json_path) and O(textfile_path) (atomically; not in check mode, which writes nothing and returns
+    the result only). They are this run's output, not a change of the system, so the module always reports C(changed=false).
 author:
   - kpro.gpu_serving developers (!UNKNOWN)
 options:
@@ -194,8 +194,9 @@ def main():
         systemctl = module.get_bin_path("systemctl")
         props = su.systemctl_show(module.run_command, systemctl, p["unit"]) if systemctl else {}
         result, json_text, prom_text = vr.run(p, module.run_command, props, vu.run(module, p))
-        mt.write(p["json_path"], json_text)
-        mt.write(p["textfile_path"], prom_text)
+        if not module.check_mode:   # --check writes nothing, not even the run's output
+            mt.write(p["json_path"], json_text)
+            mt.write(p["textfile_path"], prom_text)
     except OSError as e:
         known = Failure("host_write_failed", "verify could not write its result: %s" % e, remedy="Make json_path and textfile_path writable.")
     if known is None and not result["ok"] and p["fail_on_findings"]:

@@ -40,8 +40,12 @@ def args(root, **kw):
 
 
 def test_a_clean_model_verifies_unchanged_and_writes_both_files(deployed):
-    with pytest.raises(AnsibleExitJson) as e:
+    with pytest.raises(AnsibleExitJson) as e:  # --check: the same result, no file written
         run_module(gpu_verify, args(deployed), check_mode=True)
+    assert e.value.result["ok"] is True and e.value.result["changed"] is False
+    assert not (deployed / "out").exists() and not (deployed / "prom").exists()
+    with pytest.raises(AnsibleExitJson) as e:
+        run_module(gpu_verify, args(deployed))
     res = e.value.result
     assert res["changed"] is False and res["ok"] is True and res["findings"] == []
     assert json.loads((deployed / "out" / "verify.json").read_text())["ok"] is True
